@@ -1,0 +1,152 @@
+"""The contract between the runner (HTTP) and any backend that generates text.
+
+Routes build a `GenerationRequest` and iterate `backend.async_generate(request)`, receiving
+`GenerationEvent`s. A backend never sees HTTP; a route never sees tensors.
+"""
+
+from __future__ import annotations
+
+import abc
+import math
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field
+from typing import Literal
+
+FinishReason = Literal["stop", "length", "abort", "error"]
+
+END_OF_TEXT_TOKEN = 0  # RWKV World: id 0 ends a document; generation stops on it unless told otherwise
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """Per-request sampling. Penalties are additive on logits: a generated token's penalty grows by
+    `presence_penalty` on first use and `frequency_penalty` on every use, and every penalty is
+    multiplied by `penalty_decay` after each generated token."""
+
+    max_tokens: int = 500
+    temperature: float = 1.0  # 0 means greedy
+    top_p: float = 0.3
+    top_k: int = 0  # 0 means off
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 1.0
+    penalty_decay: float = 0.996
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = (END_OF_TEXT_TOKEN,)
+    seed: int | None = None  # None: the backend draws one
+    logprobs: int | None = None  # None: no logprobs; k >= 0: the chosen token's plus the top k
+
+    def __post_init__(self) -> None:
+        if self.max_tokens < 0:
+            raise ValueError("max_tokens must be >= 0")
+        if not (self.temperature >= 0 and math.isfinite(self.temperature)):
+            raise ValueError("temperature must be a finite number >= 0")
+        if not 0.0 <= self.top_p <= 1.0:
+            raise ValueError("top_p must be within [0, 1]")
+        if self.top_k < 0:
+            raise ValueError("top_k must be >= 0")
+        if not 0.0 <= self.penalty_decay <= 1.0:
+            raise ValueError("penalty_decay must be within [0, 1]")
+        if any(s == "" for s in self.stop):
+            raise ValueError("stop strings must not be empty")
+
+
+@dataclass(slots=True)
+class StateRef:
+    """Where a request's initial state comes from and where its final state goes (state sessions,
+    prefix cache). Backends that keep no states refuse a request that carries one."""
+
+    load_key: str | None = None  # start from this cached state (None: zero state)
+    save_key: str | None = None  # after a completed (not aborted, not failed) run, save the final state here
+    use_prefix_cache: bool = False
+
+
+@dataclass(slots=True)
+class GenerationRequest:
+    prompt_tokens: list[int]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    request_id: str = ""
+    state: StateRef | None = None
+
+    def __post_init__(self) -> None:
+        if not self.prompt_tokens and (self.state is None or self.state.load_key is None):
+            raise ValueError("a request needs at least one prompt token or a state to continue")
+
+
+@dataclass(slots=True)
+class TokenLogprob:
+    token_id: int
+    text: str
+    logprob: float
+    top: list[tuple[int, str, float]] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class GenerationEvent:
+    """A delta of one request's output. `text` never splits a UTF-8 character and never holds
+    any part of a matched stop string. The last event of a request has `finish_reason` set."""
+
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    finish_reason: FinishReason | None = None
+    prompt_tokens: int = 0  # tokens actually consumed from the prompt (exact usage)
+    completion_tokens: int = 0  # cumulative count of generated tokens so far
+    cached_prompt_tokens: int = 0  # prompt tokens skipped thanks to a cached state
+    error: str | None = None  # set with finish_reason "error"
+    logprobs: list[TokenLogprob] | None = None
+
+
+class BackendError(Exception):
+    """A failure the route reports to the client with `status_code` and `message`."""
+
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingDefaults:
+    """The runner's defaults for fields a request and /update-config leave out (API.md)."""
+
+    max_tokens: int = 500
+    temperature: float = 1.0
+    top_p: float = 0.3
+    top_k: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 1.0
+    penalty_decay: float = 0.996
+
+
+class AbstractRWKV(abc.ABC):
+    """What every backend implements. `name` is the checkpoint file stem."""
+
+    name: str
+    version: int = 7
+    tokenizer_len: int = 65536
+    backend_name: str = "abstract"  # shown by /status ("classic", "albatross")
+    concurrent: bool = False  # False: the runner serialises requests under its completion lock
+    defaults: SamplingDefaults = SamplingDefaults()
+
+    @abc.abstractmethod
+    def encode(self, text: str) -> list[int]: ...
+
+    @abc.abstractmethod
+    def decode(self, token_ids: list[int]) -> str: ...
+
+    @abc.abstractmethod
+    def generate(self, request: GenerationRequest) -> Iterator[GenerationEvent]:
+        """Synchronous generation, for scripts and the classic call sites."""
+
+    @abc.abstractmethod
+    def async_generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        """Asynchronous generation. Closing the iterator early (client gone) aborts the request."""
+
+    def get_embedding(self, text: str) -> list[float]:
+        raise NotImplementedError(f"the {self.backend_name} backend does not support embeddings")
+
+    def status(self) -> dict[str, object]:
+        """Backend-specific fields merged into GET /status under `effective`."""
+        return {}
+
+    def shutdown(self) -> None:
+        """Stop threads and release device memory. Called before another model loads."""

@@ -1,0 +1,38 @@
+"""Shared fixtures: tiny random-weight RWKV-7 checkpoints, written once per test session."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from albatross.random_checkpoint import CheckpointShape, write_random_checkpoint
+
+os.environ.setdefault("RWKV_V7_ON", "1")  # the official package reads this at import time
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def checkpoint_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("checkpoints")
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(checkpoint_dir: Path) -> Path:
+    """2 layers, width 128: the default model of CPU tests."""
+    return write_random_checkpoint(checkpoint_dir / "rwkv7-tiny.pth", CheckpointShape(n_layer=2, n_embd=128), seed=1)
+
+
+@pytest.fixture(scope="session")
+def small_checkpoint(checkpoint_dir: Path) -> Path:
+    """3 layers, width 256 (4 heads): a second shape for numerical tests."""
+    return write_random_checkpoint(checkpoint_dir / "rwkv7-small.pth", CheckpointShape(n_layer=3, n_embd=256), seed=2)
+
+
+def cuda_available() -> bool:
+    return torch.cuda.is_available()
+
+
+requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
