@@ -69,18 +69,24 @@ NAMED_SHAPES: dict[str, CheckpointShape] = {
 }
 
 
-def random_state_dict(shape: CheckpointShape, seed: int = 0, dtype: torch.dtype = torch.float32) -> dict[str, torch.Tensor]:
-    """A full RWKV-7 state dict with random weights (generated in fp32, stored in `dtype`)."""
-    gen = torch.Generator().manual_seed(seed)
+def random_state_dict(
+    shape: CheckpointShape, seed: int = 0, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+) -> dict[str, torch.Tensor]:
+    """A full RWKV-7 state dict with random weights (generated in fp32, stored in `dtype`).
+
+    Generating on a GPU (`device="cuda"`) takes seconds even for the 7.2B shape, so benchmarks
+    build their models in memory instead of writing and reading 15 GB files."""
+    device = torch.device(device)
+    gen = torch.Generator(device=device).manual_seed(seed)
     C, V = shape.n_embd, shape.vocab_size
     H = C // shape.head_size
     L = shape.n_layer
 
     def randn(*size: int, std: float) -> torch.Tensor:
-        return torch.randn(*size, generator=gen) * std
+        return torch.randn(*size, generator=gen, device=device) * std
 
     def uniform(*size: int, low: float, high: float) -> torch.Tensor:
-        return torch.rand(*size, generator=gen) * (high - low) + low
+        return torch.rand(*size, generator=gen, device=device) * (high - low) + low
 
     def mix() -> torch.Tensor:
         return uniform(1, 1, C, low=0.0, high=1.0)
@@ -129,6 +135,8 @@ def random_state_dict(shape: CheckpointShape, seed: int = 0, dtype: torch.dtype 
     # A head that is large relative to the unit-variance final layer norm makes the next-token
     # distribution peaked, as in a trained model.
     sd["head.weight"] = randn(V, C, std=4.0 * inv)
+    # Convert as we go would be leaner, but the dict is built first so that the random stream
+    # (and so the weights) do not depend on the storage dtype.
     return {k: v.to(dtype).contiguous() for k, v in sd.items()}
 
 
