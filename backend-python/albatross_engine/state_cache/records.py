@@ -1,0 +1,91 @@
+"""What the state cache knows about a state besides its tensors: size, layout, copies, checksums.
+
+The cache treats a state as an opaque dataclass of tensors that can serialise itself
+(`to_bytes()` / `from_bytes()`, as `albatross.state.SlotState` does). Everything here works on any
+such dataclass, so the cache never depends on the state's field names.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol, TypeVar
+
+import torch
+
+Tier = Literal["L1", "L2", "L3"]
+
+
+class SerializableState(Protocol):
+    """The part of `albatross.state.SlotState` the cache relies on."""
+
+    def to_bytes(self) -> bytes: ...
+
+
+StateT = TypeVar("StateT")
+
+
+def tensor_fields(state: Any) -> dict[str, torch.Tensor]:
+    if not dataclasses.is_dataclass(state):
+        raise TypeError(f"a cached state must be a dataclass of tensors, got {type(state).__name__}")
+    return {f.name: getattr(state, f.name) for f in dataclasses.fields(state) if isinstance(getattr(state, f.name), torch.Tensor)}
+
+
+def state_nbytes(state: Any) -> int:
+    return sum(t.numel() * t.element_size() for t in tensor_fields(state).values())
+
+
+def state_layout(state: Any) -> str:
+    """A canonical text of every tensor's name, shape and dtype: stored next to the bytes and checked
+    again after decoding, so a row whose payload decodes to another shape is never loaded."""
+    layout = {name: [list(t.shape), str(t.dtype).removeprefix("torch.")] for name, t in sorted(tensor_fields(state).items())}
+    return json.dumps(layout, separators=(",", ":"))
+
+
+def state_dtype(state: Any) -> str:
+    dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in tensor_fields(state).values()})
+    return ",".join(dtypes)
+
+
+def copy_state(state: StateT, device: torch.device) -> StateT:
+    """A deep copy on `device`: cached entries and running slots never share memory."""
+    copies = {name: t.detach().to(device=device, copy=True) for name, t in tensor_fields(state).items()}
+    return dataclasses.replace(state, **copies)  # type: ignore[type-var]
+
+
+def checksum(payload: bytes) -> str:
+    return hashlib.sha256(payload).hexdigest()
+
+
+@dataclass(slots=True)
+class CachedEntry:
+    """One state held in memory (L1 or L2)."""
+
+    state: Any
+    nbytes: int
+    last_updated: float  # wall-clock seconds of the put that created it
+    dirty: bool  # not on disk and no write queued: flush() or eviction must write it
+
+
+@dataclass(frozen=True, slots=True)
+class StoredRecord:
+    """One row of the L3 table, as written and as read back."""
+
+    key: str
+    layout: str
+    dtype: str
+    nbytes: int
+    checksum: str
+    payload: bytes
+    last_updated: float
+
+
+@dataclass(frozen=True, slots=True)
+class CacheEntryInfo:
+    """A key as /state/status lists it: once, at the fastest tier that holds it."""
+
+    key: str
+    tier: Tier
+    last_updated: float

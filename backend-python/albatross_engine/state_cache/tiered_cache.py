@@ -1,0 +1,366 @@
+"""The tiered state cache: L1 on the model's device, L2 in host RAM, L3 in SQLite.
+
+Implements the engine's `StateStore` protocol (get / put / contains) plus what the state routes
+need (delete, delete_prefix, sessions, counters, flush).
+
+Durability policy: a session key (anything but `prefix:...`) is written through: `put` places the
+state in L1 and queues it for the writer thread, which commits it to SQLite in one transaction, so a
+crash loses at most the turns whose write was still queued; `wait_persisted(key)` lets a route reply
+only after its turn is on disk. Prefix-cache keys are written back: they reach SQLite only when they
+fall out of L2 or on `flush()`, because losing them costs recomputation, never correctness.
+
+Copy-on-read and copy-on-write: `put` stores a copy and `get` returns a copy, so a running slot never
+shares memory with a cached entry. Cached states are never mutated in place, which is what lets the
+writer thread serialise an entry without holding the cache lock.
+
+Lock order (never reversed): `_disk_order` -> `_lock` -> the SQLite tier's own locks.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable
+
+import torch
+
+from albatross_engine.state_cache.memory_tier import LruTier
+from albatross_engine.state_cache.records import (
+    CacheEntryInfo,
+    CachedEntry,
+    StoredRecord,
+    checksum,
+    copy_state,
+    state_dtype,
+    state_layout,
+    state_nbytes,
+    tensor_fields,
+)
+from albatross_engine.state_cache.sqlite_tier import SqliteTier
+
+logger = logging.getLogger(__name__)
+
+PREFIX_CACHE_KEY_PREFIX = "prefix:"
+
+_CPU = torch.device("cpu")
+
+
+def is_session_key(key: str) -> bool:
+    """Session states are written through to disk; prefix-cache states are written back."""
+    return not key.startswith(PREFIX_CACHE_KEY_PREFIX)
+
+
+def _default_state_type() -> type:
+    from albatross.state import SlotState
+
+    return SlotState
+
+
+@dataclass(slots=True)
+class _WriteJob:
+    key: str
+    state: Any  # a private CPU copy, never mutated
+    last_updated: float
+
+
+@dataclass(slots=True)
+class CacheStats:
+    l1_hits: int = 0
+    l2_hits: int = 0
+    l3_hits: int = 0
+    misses: int = 0
+    puts: int = 0
+    disk_writes: int = 0
+    disk_write_errors: int = 0
+    corrupt_rows_dropped: int = 0
+    disk_evictions: int = 0
+
+
+class StateCache:
+    def __init__(
+        self,
+        path: str | Path,
+        fingerprint: str,
+        *,
+        device: str | torch.device = "cpu",
+        l1_bytes: int = 1 << 30,
+        l2_bytes: int = 4 << 30,
+        l3_bytes: int = 32 << 30,
+        state_type: type | None = None,
+        write_through: Callable[[str], bool] = is_session_key,
+    ) -> None:
+        if not fingerprint:
+            raise ValueError("a state cache needs the model's fingerprint")
+        self.fingerprint = fingerprint
+        self.device = torch.device(device)
+        self.path = Path(path)
+        self._state_type = state_type if state_type is not None else _default_state_type()
+        self._write_through = write_through
+        self._l1 = LruTier(l1_bytes)
+        self._l2 = LruTier(l2_bytes)
+        self._l3 = SqliteTier(self.path, l3_bytes)
+        self._lock = threading.RLock()
+        self._changed = threading.Condition(self._lock)
+        self._disk_order = threading.Lock()
+        self._pending: dict[str, _WriteJob] = {}  # the newest queued disk write of each key
+        self._queue: queue.SimpleQueue[_WriteJob | None] = queue.SimpleQueue()
+        self._stats = CacheStats()
+        self._closed = False
+        self._writer = threading.Thread(target=self._write_loop, name="state-cache-writer", daemon=True)
+        self._writer.start()
+        logger.info(
+            "state cache at %s (model %s): L1 %d bytes on %s, L2 %d bytes, L3 %d bytes",
+            self.path, fingerprint[:12], l1_bytes, self.device, l2_bytes, l3_bytes,
+        )
+
+    # ---- StateStore protocol -------------------------------------------------------------------
+
+    def get(self, key: str) -> Any | None:
+        """A private copy of the state on the cache's device, or None. A hit moves the entry to L1."""
+        with self._lock:
+            entry = self._l1.touch(key)
+            if entry is not None:
+                self._stats.l1_hits += 1
+                return copy_state(entry.state, self.device)
+            entry = self._l2.pop(key)
+            if entry is not None:
+                self._stats.l2_hits += 1
+                return self._promote(key, entry.state, entry.last_updated, dirty=entry.dirty)
+            job = self._pending.get(key)
+            if job is not None:
+                self._stats.l2_hits += 1
+                return self._promote(key, job.state, job.last_updated, dirty=False)
+            record = self._l3.read(self.fingerprint, key)
+            state = None if record is None else self._decode(record)
+            if record is None or state is None:
+                self._stats.misses += 1
+                return None
+            self._stats.l3_hits += 1
+            return self._promote(key, state, record.last_updated, dirty=False)
+
+    def put(self, key: str, state: Any) -> None:
+        cached = copy_state(state, self.device)
+        now = time.time()
+        durable = self._write_through(key)
+        with self._lock:
+            self._check_open()
+            self._stats.puts += 1
+            self._l2.pop(key)
+            self._l1.insert(key, CachedEntry(cached, state_nbytes(cached), now, dirty=not durable))
+            if durable:
+                self._enqueue(key, cached, now)
+            self._rebalance()
+
+    def contains(self, key: str) -> bool:
+        with self._lock:
+            if key in self._l1 or key in self._l2 or key in self._pending:
+                return True
+        return self._l3.contains(self.fingerprint, key)
+
+    # ---- management (state routes, shutdown) ----------------------------------------------------
+
+    def delete(self, key: str) -> bool:
+        """Removes the key from every tier. True when some tier held it."""
+        return bool(self._delete_keys([key]))
+
+    def delete_prefix(self, prefix: str) -> list[str]:
+        """Removes every key starting with `prefix` from every tier; returns the keys removed."""
+        if not prefix:
+            raise ValueError("delete_prefix needs a non-empty prefix")
+        return self._delete_keys(sorted(self.keys_with_prefix(prefix)))
+
+    def keys_with_prefix(self, prefix: str) -> set[str]:
+        with self._lock:
+            keys = {k for k in (*self._l1.keys(), *self._l2.keys(), *self._pending) if k.startswith(prefix)}
+        keys.update(self._l3.keys_with_prefix(self.fingerprint, prefix))
+        return keys
+
+    def sessions(self) -> list[CacheEntryInfo]:
+        """Every key once, at the fastest tier holding it (a queued write counts as host RAM)."""
+        listed: dict[str, CacheEntryInfo] = {}
+        with self._lock:
+            for key, entry in self._l1.items():
+                listed[key] = CacheEntryInfo(key, "L1", entry.last_updated)
+            for key, entry in self._l2.items():
+                listed.setdefault(key, CacheEntryInfo(key, "L2", entry.last_updated))
+            for key, job in self._pending.items():
+                listed.setdefault(key, CacheEntryInfo(key, "L2", job.last_updated))
+        for key, last_updated in self._l3.list_keys(self.fingerprint):
+            listed.setdefault(key, CacheEntryInfo(key, "L3", last_updated))
+        return sorted(listed.values(), key=lambda info: info.key)
+
+    def read_counter(self, name: str) -> int:
+        """A durable per-model counter (0 when never set); dialogue numbering uses it."""
+        return self._l3.read_counter(self.fingerprint, name)
+
+    def raise_counter(self, name: str, value: int) -> None:
+        self._l3.raise_counter(self.fingerprint, name, value)
+
+    def wait_persisted(self, key: str | None = None, timeout: float | None = None) -> bool:
+        """Blocks until the queued disk write of `key` (of every key when None) is committed."""
+        with self._changed:
+            if key is None:
+                return self._changed.wait_for(lambda: not self._pending, timeout)
+            return self._changed.wait_for(lambda: key not in self._pending, timeout)
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Writes every memory entry that is not on disk yet and waits for the writes (shutdown)."""
+        with self._lock:
+            for tier in (self._l1, self._l2):
+                for key, entry in tier.items():
+                    if entry.dirty:
+                        entry.dirty = False
+                        self._enqueue(key, entry.state, entry.last_updated)
+        return self.wait_persisted(timeout=timeout)
+
+    def close(self) -> None:
+        """Flushes, stops the writer thread and closes the database. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+        self.flush()
+        with self._lock:
+            self._closed = True
+        self._queue.put(None)
+        self._writer.join()
+        self._l3.close()
+
+    def stats(self) -> dict[str, int]:
+        with self._lock:
+            counts = {
+                "l1_entries": len(self._l1),
+                "l2_entries": len(self._l2),
+                "l1_bytes": self._l1.used_bytes,
+                "l2_bytes": self._l2.used_bytes,
+                "pending_writes": len(self._pending),
+            }
+            s = self._stats
+            return {
+                "l1_hits": s.l1_hits,
+                "l2_hits": s.l2_hits,
+                "l3_hits": s.l3_hits,
+                "misses": s.misses,
+                "puts": s.puts,
+                "disk_writes": s.disk_writes,
+                "disk_write_errors": s.disk_write_errors,
+                "corrupt_rows_dropped": s.corrupt_rows_dropped,
+                "disk_evictions": s.disk_evictions,
+                **counts,
+            }
+
+    # ---- internals ------------------------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("the state cache is closed")
+
+    def _promote(self, key: str, state: Any, last_updated: float, *, dirty: bool) -> Any:
+        on_device = copy_state(state, self.device)
+        self._l1.insert(key, CachedEntry(on_device, state_nbytes(on_device), last_updated, dirty=dirty))
+        self._rebalance()
+        return copy_state(on_device, self.device)
+
+    def _rebalance(self) -> None:
+        for key, entry in list(self._l1.evict_over_budget()):
+            host_state = entry.state if self.device == _CPU else copy_state(entry.state, _CPU)
+            self._l2.insert(key, CachedEntry(host_state, entry.nbytes, entry.last_updated, dirty=entry.dirty))
+        for key, entry in list(self._l2.evict_over_budget()):
+            if entry.dirty:
+                self._enqueue(key, entry.state, entry.last_updated)
+
+    def _enqueue(self, key: str, state: Any, last_updated: float) -> None:
+        host_state = state if _on_cpu(state) else copy_state(state, _CPU)
+        job = _WriteJob(key, host_state, last_updated)
+        self._pending[key] = job
+        self._queue.put(job)
+
+    def _write_loop(self) -> None:
+        while (job := self._queue.get()) is not None:
+            try:
+                with self._disk_order:
+                    with self._lock:
+                        current = self._pending.get(job.key) is job
+                    if current:
+                        evicted = self._l3.write(self.fingerprint, self._encode(job))
+                        self._after_disk_write(evicted)
+            except Exception:
+                logger.exception("state cache: writing %r to %s failed; it stays in memory only", job.key, self.path)
+                with self._lock:
+                    self._stats.disk_write_errors += 1
+                    self._mark_dirty(job.key)
+            finally:
+                with self._changed:
+                    if self._pending.get(job.key) is job:
+                        del self._pending[job.key]
+                    self._changed.notify_all()
+
+    def _after_disk_write(self, evicted: list[tuple[str, str]]) -> None:
+        with self._lock:
+            self._stats.disk_writes += 1
+            self._stats.disk_evictions += len(evicted)
+            for fingerprint, key in evicted:
+                if fingerprint == self.fingerprint:
+                    self._mark_dirty(key)  # still in memory: written again on flush
+
+    def _mark_dirty(self, key: str) -> None:
+        for tier in (self._l1, self._l2):
+            entry = tier.touch(key)
+            if entry is not None:
+                entry.dirty = True
+
+    def _delete_keys(self, keys: list[str]) -> list[str]:
+        removed: set[str] = set()
+        with self._disk_order:
+            with self._changed:
+                for key in keys:
+                    in_l1 = self._l1.pop(key) is not None
+                    in_l2 = self._l2.pop(key) is not None
+                    queued = self._pending.pop(key, None) is not None
+                    if in_l1 or in_l2 or queued:
+                        removed.add(key)
+                self._changed.notify_all()
+            for key in keys:
+                if self._l3.delete(self.fingerprint, [key]):
+                    removed.add(key)
+        return sorted(removed)
+
+    def _encode(self, job: _WriteJob) -> StoredRecord:
+        payload = job.state.to_bytes()
+        return StoredRecord(
+            key=job.key,
+            layout=state_layout(job.state),
+            dtype=state_dtype(job.state),
+            nbytes=state_nbytes(job.state),
+            checksum=checksum(payload),
+            payload=payload,
+            last_updated=job.last_updated,
+        )
+
+    def _decode(self, record: StoredRecord) -> Any | None:
+        """The state of a row, or None (and the row dropped) when the row is corrupt."""
+        problem: str | None = None
+        state = None
+        if checksum(record.payload) != record.checksum:
+            problem = "checksum mismatch"
+        else:
+            try:
+                state = self._state_type.from_bytes(record.payload)
+            except Exception as error:  # any decoding failure means the row cannot be trusted
+                problem = f"undecodable payload ({error})"
+            else:
+                if state_layout(state) != record.layout:
+                    problem = f"layout {state_layout(state)} differs from the stored {record.layout}"
+        if problem is None:
+            return state
+        logger.warning("state cache: dropping corrupt row %r from %s: %s", record.key, self.path, problem)
+        self._stats.corrupt_rows_dropped += 1
+        self._l3.delete_if_unchanged(self.fingerprint, record.key, record.checksum)
+        return None
+
+
+def _on_cpu(state: Any) -> bool:
+    return all(t.device.type == "cpu" for t in tensor_fields(state).values())

@@ -1,0 +1,250 @@
+"""The tiered state cache: L1 device / L2 host / L3 SQLite, LRU demotion, durability, corruption."""
+
+from __future__ import annotations
+
+import logging
+import sqlite3
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from albatross.state import SlotState
+from albatross_engine.state_cache import StateCache
+
+LAYERS, WIDTH, HEADS, HEAD_SIZE = 2, 128, 2, 64
+
+
+def random_state(seed: int) -> SlotState:
+    generator = torch.Generator().manual_seed(seed)
+    return SlotState(
+        torch.randn(LAYERS, WIDTH, generator=generator),
+        torch.randn(LAYERS, WIDTH, generator=generator),
+        torch.randn(LAYERS, HEADS, HEAD_SIZE, HEAD_SIZE, generator=generator),
+    )
+
+
+ENTRY_BYTES = random_state(0).nbytes
+
+
+def assert_same_state(actual: SlotState | None, expected: SlotState, what: str) -> None:
+    assert actual is not None, f"{what}: the cache returned nothing"
+    for name in ("att_shift", "ffn_shift", "wkv"):
+        assert torch.equal(getattr(actual, name), getattr(expected, name)), f"{what}: {name} differs from what was put"
+
+
+def tiers(cache: StateCache) -> dict[str, str]:
+    return {info.key: info.tier for info in cache.sessions()}
+
+
+@pytest.fixture
+def db_path(tmp_path: Path) -> Path:
+    return tmp_path / "states.sqlite3"
+
+
+@pytest.fixture
+def open_caches() -> Iterator[list[StateCache]]:
+    caches: list[StateCache] = []
+    yield caches
+    for cache in caches:
+        cache.close()
+
+
+@pytest.fixture
+def make_cache(db_path: Path, open_caches: list[StateCache]):
+    def make(fingerprint: str = "model-a", l1: int = 100 * ENTRY_BYTES, l2: int = 100 * ENTRY_BYTES, l3: int = 1000 * ENTRY_BYTES) -> StateCache:
+        cache = StateCache(db_path, fingerprint, l1_bytes=l1, l2_bytes=l2, l3_bytes=l3)
+        open_caches.append(cache)
+        return cache
+
+    return make
+
+
+def rows_on_disk(db_path: Path) -> dict[tuple[str, str], bytes]:
+    with sqlite3.connect(db_path) as connection:
+        return {(fp, key): bytes(payload) for fp, key, payload in connection.execute("SELECT fingerprint, key, payload FROM states")}
+
+
+def test_get_returns_what_was_put_as_a_private_copy(make_cache) -> None:
+    cache = make_cache()
+    original = random_state(1)
+    expected = original.clone()
+    cache.put("s1", original)
+    original.wkv.add_(1.0)  # the caller reuses its tensors (a running slot)
+    first = cache.get("s1")
+    assert_same_state(first, expected, "after the caller mutated its own copy")
+    assert first is not None
+    first.att_shift.zero_()
+    assert_same_state(cache.get("s1"), expected, "after the reader mutated the returned copy")
+
+
+def test_missing_key_is_none_and_not_contained(make_cache) -> None:
+    cache = make_cache()
+    assert cache.get("nobody") is None
+    assert not cache.contains("nobody")
+
+
+def test_least_recently_used_entry_moves_from_l1_to_l2_and_back_on_a_hit(make_cache) -> None:
+    cache = make_cache(l1=ENTRY_BYTES)
+    cache.put("a", random_state(1))
+    cache.put("b", random_state(2))
+    assert tiers(cache) == {"a": "L2", "b": "L1"}, "the older entry should have moved down to L2"
+    assert_same_state(cache.get("a"), random_state(1), "an L2 hit")
+    assert tiers(cache) == {"a": "L1", "b": "L2"}, "a hit promotes to L1 and demotes the other"
+    assert cache.stats()["l2_hits"] == 1
+
+
+def test_entries_past_l2_live_on_disk_and_load_back(make_cache) -> None:
+    cache = make_cache(l1=ENTRY_BYTES, l2=ENTRY_BYTES)
+    for index in range(4):
+        cache.put(f"s{index}", random_state(index))
+    assert cache.wait_persisted(timeout=10)
+    assert tiers(cache) == {"s0": "L3", "s1": "L3", "s2": "L2", "s3": "L1"}
+    assert_same_state(cache.get("s0"), random_state(0), "s0 read back from disk")
+    assert cache.stats()["l3_hits"] == 1
+    assert tiers(cache) == {"s0": "L1", "s1": "L3", "s2": "L3", "s3": "L2"}, "a disk hit promotes to L1 and pushes the rest down"
+    for index in range(1, 4):
+        assert_same_state(cache.get(f"s{index}"), random_state(index), f"s{index} after eviction")
+
+
+def test_session_state_is_on_disk_once_persisted_without_a_flush(make_cache, db_path: Path) -> None:
+    cache = make_cache()
+    cache.put("turn", random_state(3))
+    assert cache.wait_persisted("turn", timeout=10)
+    stored = rows_on_disk(db_path)
+    assert ("model-a", "turn") in stored, f"rows on disk: {sorted(stored)}"
+    assert SlotState.from_bytes(stored[("model-a", "turn")]).wkv.equal(random_state(3).wkv)
+
+
+def test_prefix_cache_states_reach_disk_only_on_flush(make_cache, db_path: Path) -> None:
+    cache = make_cache()
+    cache.put("prefix:abc", random_state(4))
+    cache.wait_persisted(timeout=10)
+    assert ("model-a", "prefix:abc") not in rows_on_disk(db_path), "prefix states are written back, not through"
+    assert cache.flush(timeout=10)
+    assert ("model-a", "prefix:abc") in rows_on_disk(db_path), "flush must write every memory entry"
+
+
+def test_states_survive_a_restart(make_cache) -> None:
+    first = make_cache()
+    first.put("kept", random_state(5))
+    first.put("prefix:p", random_state(6))
+    first.close()
+    second = make_cache()
+    assert tiers(second) == {"kept": "L3", "prefix:p": "L3"}
+    assert_same_state(second.get("kept"), random_state(5), "a session after restart")
+    assert_same_state(second.get("prefix:p"), random_state(6), "a flushed prefix state after restart")
+
+
+def test_a_state_saved_for_one_model_is_never_loaded_into_another(make_cache) -> None:
+    model_a = make_cache("model-a")
+    model_a.put("shared-name", random_state(7))
+    model_a.wait_persisted(timeout=10)
+    model_b = make_cache("model-b")
+    assert model_b.get("shared-name") is None
+    assert not model_b.contains("shared-name")
+    assert model_b.sessions() == []
+    assert not model_b.delete("shared-name"), "deleting in model b must not touch model a's row"
+    assert_same_state(model_a.get("shared-name"), random_state(7), "model a's own state")
+
+
+def test_a_corrupt_row_is_dropped_with_a_warning_and_never_loaded(make_cache, db_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    writer = make_cache()
+    writer.put("bad", random_state(8))
+    writer.close()
+    with sqlite3.connect(db_path) as connection:
+        (payload,) = connection.execute("SELECT payload FROM states WHERE key = 'bad'").fetchone()
+        flipped = bytearray(payload)
+        flipped[-5] ^= 0xFF
+        connection.execute("UPDATE states SET payload = ? WHERE key = 'bad'", (bytes(flipped),))
+    reader = make_cache()
+    with caplog.at_level(logging.WARNING):
+        assert reader.get("bad") is None, "a row whose checksum fails must not load"
+    assert "corrupt row 'bad'" in caplog.text
+    assert ("model-a", "bad") not in rows_on_disk(db_path), "the corrupt row should be gone"
+    assert reader.stats()["corrupt_rows_dropped"] == 1
+
+
+def test_a_row_that_does_not_decode_is_dropped_even_with_a_matching_checksum(make_cache, db_path: Path) -> None:
+    import hashlib
+
+    writer = make_cache()
+    writer.put("truncated", random_state(9))
+    writer.close()
+    with sqlite3.connect(db_path) as connection:
+        (payload,) = connection.execute("SELECT payload FROM states WHERE key = 'truncated'").fetchone()
+        short = bytes(payload)[:-64]
+        connection.execute(
+            "UPDATE states SET payload = ?, checksum = ? WHERE key = 'truncated'", (short, hashlib.sha256(short).hexdigest())
+        )
+    reader = make_cache()
+    assert reader.get("truncated") is None
+    assert not reader.contains("truncated")
+
+
+def test_disk_budget_evicts_the_oldest_rows(make_cache, db_path: Path) -> None:
+    cache = make_cache(l1=0, l2=0, l3=2 * ENTRY_BYTES)
+    for index in range(3):
+        cache.put(f"s{index}", random_state(index))
+        assert cache.wait_persisted(timeout=10)
+    assert sorted(key for _, key in rows_on_disk(db_path)) == ["s1", "s2"], "the oldest row should have been evicted"
+    assert cache.get("s0") is None
+
+
+def test_delete_removes_a_key_from_every_tier(make_cache, db_path: Path) -> None:
+    cache = make_cache(l1=ENTRY_BYTES)
+    cache.put("a", random_state(1))
+    cache.put("b", random_state(2))
+    cache.wait_persisted(timeout=10)
+    assert cache.delete("a") and cache.delete("b")
+    assert cache.get("a") is None and cache.get("b") is None
+    assert rows_on_disk(db_path) == {}
+    assert not cache.delete("a"), "a second delete finds nothing"
+
+
+def test_delete_prefix_removes_every_matching_key_only(make_cache) -> None:
+    cache = make_cache(l1=ENTRY_BYTES, l2=ENTRY_BYTES)
+    for key in ("chat:1", "chat:2", "chat:3", "chatter:1", "other"):
+        cache.put(key, random_state(len(key)))
+    cache.wait_persisted(timeout=10)
+    assert cache.delete_prefix("chat:") == ["chat:1", "chat:2", "chat:3"]
+    assert sorted(tiers(cache)) == ["chatter:1", "other"]
+
+
+def test_counters_only_rise_and_survive_a_restart(make_cache) -> None:
+    first = make_cache()
+    assert first.read_counter("dialogue:s") == 0
+    first.raise_counter("dialogue:s", 3)
+    first.raise_counter("dialogue:s", 2)
+    assert first.read_counter("dialogue:s") == 3
+    first.close()
+    assert make_cache().read_counter("dialogue:s") == 3
+    assert make_cache("model-b").read_counter("dialogue:s") == 0, "counters are per model"
+
+
+def test_concurrent_puts_and_gets_from_threads_stay_consistent(make_cache) -> None:
+    cache = make_cache(l1=2 * ENTRY_BYTES, l2=2 * ENTRY_BYTES)
+    states = {f"k{index}": random_state(100 + index) for index in range(6)}
+    errors: list[str] = []
+
+    def worker(offset: int) -> None:
+        for round_ in range(5):
+            for index, (key, state) in enumerate(states.items()):
+                if (index + offset + round_) % 2:
+                    cache.put(key, state)
+                else:
+                    got = cache.get(key)
+                    if got is not None and not torch.equal(got.wkv, state.wkv):
+                        errors.append(f"{key} returned another state")
+
+    threads = [threading.Thread(target=worker, args=(offset,)) for offset in range(3)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert cache.flush(timeout=10)
+    for key, state in states.items():
+        assert_same_state(cache.get(key), state, key)
