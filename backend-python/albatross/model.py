@@ -1,0 +1,344 @@
+"""The RWKV-7 model: weights laid out for inference and the batched state-slot forward.
+
+One `forward` call advances any set of pool slots by any number of tokens each (1 = decode, more
+= a prefill chunk). All tokens are flattened into `[total_T, C]` rows so every matmul runs once
+over the whole batch; only the token shift and the WKV recurrence look at slot boundaries, and
+both go through `albatross.ops`, where CUDA kernels replace the torch twins.
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import MutableMapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from albatross import ops
+from albatross.checkpoint import ModelConfig, fingerprint, read_state_dict, resolve_checkpoint_path, validate_state_dict
+from albatross.state import StatePool
+
+_DTYPES = {
+    "fp32": torch.float32, "float32": torch.float32,
+    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
+    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
+}  # fmt: skip
+_ATT_MIX = ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g")
+_MATRICES = ("receptance.weight", "key.weight", "value.weight", "output.weight", "head.weight")
+_EMB_NORM_ROWS = 8192  # rows of the embedding layer-normed at once (bounds the fp32 temporary)
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    """One block. Matrices are stored `[in, out]` so activations multiply as `x @ W`; the
+    per-channel vectors are flat `[C]`."""
+
+    ln1_weight: torch.Tensor
+    ln1_bias: torch.Tensor
+    ln2_weight: torch.Tensor
+    ln2_bias: torch.Tensor
+    att_mix: torch.Tensor  # [6, C]: x_r, x_w, x_k, x_v, x_a, x_g
+    w0: torch.Tensor
+    w1: torch.Tensor
+    w2: torch.Tensor
+    a0: torch.Tensor
+    a1: torch.Tensor
+    a2: torch.Tensor
+    v0: torch.Tensor | None  # block 0 defines v_first and has no value residual
+    v1: torch.Tensor | None
+    v2: torch.Tensor | None
+    g1: torch.Tensor
+    g2: torch.Tensor
+    k_k: torch.Tensor
+    k_a: torch.Tensor
+    r_k: torch.Tensor  # [C]: the [H, N] checkpoint tensor flattened
+    receptance: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    output: torch.Tensor
+    ln_x_weight: torch.Tensor
+    ln_x_bias: torch.Tensor
+    ffn_mix: torch.Tensor
+    ffn_key: torch.Tensor  # [C, F]
+    ffn_value: torch.Tensor  # [F, C]
+
+
+def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
+    if dtype is None:
+        return torch.float16 if device.type == "cuda" else torch.float32
+    if isinstance(dtype, str):
+        if dtype not in _DTYPES:
+            raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(sorted(_DTYPES))}")
+        return _DTYPES[dtype]
+    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        raise ValueError(f"dtype must be fp32, fp16 or bf16; got {dtype}")
+    return dtype
+
+
+class _Converter:
+    """Moves tensors out of a state dict one at a time: pop (freeing the source once converted),
+    transpose matrices, flatten vectors, cast, place on the device."""
+
+    def __init__(self, source: MutableMapping[str, torch.Tensor], device: torch.device, dtype: torch.dtype, progress: bool):
+        self.source = source
+        self.device = device
+        self.dtype = dtype
+        self.bar = tqdm(total=len(source), desc="loading weights", unit="tensor", file=sys.stderr, disable=not progress)
+
+    def take(self, key: str) -> torch.Tensor:
+        tensor = self.source.pop(key)
+        self.bar.update(1)
+        tensor = tensor.to(self.device)
+        if key.endswith(_MATRICES):
+            tensor = tensor.t()
+        elif tensor.dim() != 2 or key.endswith("att.r_k"):
+            tensor = tensor.reshape(-1)  # (1, 1, C) mixing vectors and r_k [H, N] become [C]
+        return tensor.to(self.dtype, memory_format=torch.contiguous_format)
+
+    def take_stacked(self, keys: Sequence[str]) -> torch.Tensor:
+        return torch.stack([self.take(key) for key in keys])
+
+    def take_optional(self, key: str) -> torch.Tensor | None:
+        return self.take(key) if key in self.source else None
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+class RWKV7:
+    """An RWKV-7 (x070) model ready for `forward`. Build with `load` or `from_state_dict`."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        layers: list[LayerWeights],
+        emb: torch.Tensor,
+        ln_out_weight: torch.Tensor,
+        ln_out_bias: torch.Tensor,
+        head: torch.Tensor,
+        fingerprint: str,
+        name: str,
+    ) -> None:
+        self.config = config
+        self.layers = layers
+        self.emb = emb  # [V, C], already layer-normed with ln0
+        self.ln_out_weight = ln_out_weight
+        self.ln_out_bias = ln_out_bias
+        self.head = head  # [C, V]
+        self.fingerprint = fingerprint
+        self.name = name
+        self.dtype: torch.dtype = emb.dtype
+        self.device: torch.device = emb.device
+
+    # ------------------------------------------------------------------------------------------
+    # loading
+
+    @classmethod
+    def load(
+        cls,
+        path: str | Path,
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | str | None = None,
+        progress: bool = True,
+    ) -> RWKV7:
+        """Load a `.pth` checkpoint (suffix optional). Default dtype: fp32 on CPU, fp16 on CUDA."""
+        resolved = resolve_checkpoint_path(path)
+        return cls.from_state_dict(read_state_dict(resolved), device, dtype, name=resolved.stem, progress=progress)
+
+    @classmethod
+    @torch.no_grad()
+    def from_state_dict(
+        cls,
+        state_dict: MutableMapping[str, torch.Tensor],
+        device: str | torch.device = "cpu",
+        dtype: torch.dtype | str | None = None,
+        name: str = "random",
+        progress: bool = True,
+    ) -> RWKV7:
+        """Build a model from an official-layout state dict on any device. The dict is consumed:
+        each tensor is removed from it as it is converted, so peak memory is one copy of the
+        weights plus one tensor."""
+        config = validate_state_dict(state_dict)
+        target = torch.device(device)
+        if target.type == "cuda" and target.index is None:
+            target = torch.device("cuda", torch.cuda.current_device())
+        act_dtype = resolve_dtype(dtype, target)
+        digest = fingerprint(state_dict)
+        convert = _Converter(state_dict, target, act_dtype, progress)
+        try:
+            emb = _normed_embedding(convert, config, act_dtype)
+            layers = [_convert_layer(convert, i) for i in range(config.n_layer)]
+            ln_out_weight = convert.take("ln_out.weight")
+            ln_out_bias = convert.take("ln_out.bias")
+            head = convert.take("head.weight")
+            for key in list(state_dict):  # unused optional keys (block 0 v0/v1/v2)
+                convert.source.pop(key)
+        finally:
+            convert.close()
+        return cls(config, layers, emb, ln_out_weight, ln_out_bias, head, digest, name)
+
+    # ------------------------------------------------------------------------------------------
+    # forward
+
+    def new_pool(self, batch_size: int, state_dtype: torch.dtype = torch.float32) -> StatePool:
+        return StatePool(self, batch_size, state_dtype)
+
+    @torch.inference_mode()
+    def forward(
+        self,
+        pool: StatePool,
+        slots: Sequence[int],
+        tokens: Sequence[Sequence[int]],
+        full_output: bool = False,
+    ) -> torch.Tensor | list[torch.Tensor]:
+        """Advance each `slots[s]` by `tokens[s]` in one batched pass; the slots' states change in
+        place. Returns fp32 logits `[len(slots), V]` of each slot's last token, or with
+        `full_output` a list of `[len(tokens[s]), V]`. Logits are inference-mode tensors."""
+        slot_list, lengths, flat = self._validate(pool, slots, tokens)
+        batch = ops.FlatBatch.build(slot_list, lengths, self.device)
+        x = self.emb.index_select(0, flat.to(self.device, non_blocking=True))
+        v_first = x  # replaced by block 0's value before any use
+        for index, layer in enumerate(self.layers):
+            att_shift, ffn_shift, wkv = pool.layer(index)
+            h = F.layer_norm(x, (self.config.n_embd,), layer.ln1_weight, layer.ln1_bias)
+            out, v_first = self._time_mix(index, layer, h, v_first, att_shift, wkv, batch)
+            x = x + out
+            h = F.layer_norm(x, (self.config.n_embd,), layer.ln2_weight, layer.ln2_bias)
+            x = x + self._channel_mix(layer, h, ffn_shift, batch)
+        if not full_output:
+            x = x.index_select(0, batch.last_rows)
+        x = F.layer_norm(x, (self.config.n_embd,), self.ln_out_weight, self.ln_out_bias)
+        logits = (x @ self.head).float()
+        if not full_output:
+            return logits
+        return list(logits.split(lengths))
+
+    __call__ = forward
+
+    def _validate(
+        self, pool: StatePool, slots: Sequence[int], tokens: Sequence[Sequence[int]]
+    ) -> tuple[list[int], list[int], torch.Tensor]:
+        if pool.config != self.config or pool.device != self.device or pool.dtype != self.dtype:
+            raise ValueError("the state pool was built for a different model, device or dtype")
+        slot_list = list(slots)
+        if not slot_list:
+            raise ValueError("forward needs at least one slot")
+        if len(tokens) != len(slot_list):
+            raise ValueError(f"got {len(slot_list)} slots but {len(tokens)} token lists")
+        for slot in slot_list:
+            pool.check_slot(slot)
+        if len(set(slot_list)) != len(slot_list):
+            raise ValueError(f"slots must be distinct, got {slot_list}")
+        lengths = [len(t) for t in tokens]
+        for slot, n in zip(slot_list, lengths):
+            if n == 0:
+                raise ValueError(f"slot {slot} has an empty token list")
+        flat = torch.tensor([t for seq in tokens for t in seq], dtype=torch.int64)
+        low, high = int(flat.min()), int(flat.max())
+        if low < 0 or high >= self.config.vocab_size:
+            bad = low if low < 0 else high
+            raise ValueError(f"token id {bad} out of range [0, {self.config.vocab_size})")
+        return slot_list, lengths, flat
+
+    def _time_mix(
+        self,
+        index: int,
+        layer: LayerWeights,
+        x: torch.Tensor,
+        v_first: torch.Tensor,
+        shift_state: torch.Tensor,
+        wkv_state: torch.Tensor,
+        batch: ops.FlatBatch,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        T = x.shape[0]
+        H, N = self.config.n_head, self.config.head_size
+        delta = ops.token_shift(x, shift_state, batch)
+        xr, xw, xk, xv, xa, xg = ops.mix_inputs(x, delta, layer.att_mix).unbind(0)
+
+        r = xr @ layer.receptance
+        w = torch.tanh(xw @ layer.w1) @ layer.w2
+        k = xk @ layer.key
+        v = xv @ layer.value
+        a = torch.sigmoid(layer.a0 + (xa @ layer.a1) @ layer.a2)
+        g = torch.sigmoid(xg @ layer.g1) @ layer.g2
+
+        kk = F.normalize((k * layer.k_k).view(T, H, N), dim=-1, p=2.0).view(T, H * N)
+        k = k * (1 + (a - 1) * layer.k_a)
+        if index == 0:
+            v_first = v
+        else:
+            assert layer.v0 is not None and layer.v1 is not None and layer.v2 is not None
+            v = v + (v_first - v) * torch.sigmoid(layer.v0 + (xv @ layer.v1) @ layer.v2)
+        # Log-decay in fp32: exp(-exp(w)) == exp(-exp(-0.5) * sigmoid(w0 + lora)).
+        w = (-F.softplus(-(layer.w0.float() + w.float())) - 0.5).to(x.dtype)
+
+        y = ops.wkv7(wkv_state, batch.slot_idx_i32, batch.cu_seqlens, r, w, k, v, -kk, kk * a)
+        y = ops.group_norm_bonus(y, r, k, v, layer.r_k, layer.ln_x_weight, layer.ln_x_bias, H)
+        return (y * g) @ layer.output, v_first
+
+    def _channel_mix(
+        self, layer: LayerWeights, x: torch.Tensor, shift_state: torch.Tensor, batch: ops.FlatBatch
+    ) -> torch.Tensor:
+        delta = ops.token_shift(x, shift_state, batch)
+        k = x + delta * layer.ffn_mix
+        return ops.relu_square(k @ layer.ffn_key) @ layer.ffn_value
+
+
+def _normed_embedding(convert: _Converter, config: ModelConfig, dtype: torch.dtype) -> torch.Tensor:
+    """The embedding with block 0's ln0 applied once at load (as the reference does), computed
+    in fp32 a slab of rows at a time and stored in the model dtype."""
+    emb = convert.source.pop("emb.weight")
+    convert.bar.update(1)
+    ln_weight = convert.source.pop("blocks.0.ln0.weight").to(convert.device, torch.float32)
+    ln_bias = convert.source.pop("blocks.0.ln0.bias").to(convert.device, torch.float32)
+    convert.bar.update(2)
+    out = torch.empty(config.vocab_size, config.n_embd, dtype=dtype, device=convert.device)
+    for start in range(0, config.vocab_size, _EMB_NORM_ROWS):
+        rows = emb[start : start + _EMB_NORM_ROWS].to(convert.device, torch.float32)
+        out[start : start + _EMB_NORM_ROWS] = F.layer_norm(rows, (config.n_embd,), ln_weight, ln_bias)
+    del emb
+    return out
+
+
+def _convert_layer(convert: _Converter, index: int) -> LayerWeights:
+    p, a, f = f"blocks.{index}.", f"blocks.{index}.att.", f"blocks.{index}.ffn."
+    take = convert.take
+    if index == 0:  # unused value-residual weights that some files carry in block 0
+        for name in ("v0", "v1", "v2"):
+            if a + name in convert.source:
+                convert.source.pop(a + name)
+                convert.bar.update(1)
+    optional = convert.take_optional
+    return LayerWeights(
+        ln1_weight=take(p + "ln1.weight"),
+        ln1_bias=take(p + "ln1.bias"),
+        ln2_weight=take(p + "ln2.weight"),
+        ln2_bias=take(p + "ln2.bias"),
+        att_mix=convert.take_stacked([a + name for name in _ATT_MIX]),
+        w0=take(a + "w0"),
+        w1=take(a + "w1"),
+        w2=take(a + "w2"),
+        a0=take(a + "a0"),
+        a1=take(a + "a1"),
+        a2=take(a + "a2"),
+        v0=optional(a + "v0"),
+        v1=optional(a + "v1"),
+        v2=optional(a + "v2"),
+        g1=take(a + "g1"),
+        g2=take(a + "g2"),
+        k_k=take(a + "k_k"),
+        k_a=take(a + "k_a"),
+        r_k=take(a + "r_k"),
+        receptance=take(a + "receptance.weight"),
+        key=take(a + "key.weight"),
+        value=take(a + "value.weight"),
+        output=take(a + "output.weight"),
+        ln_x_weight=take(p + "att.ln_x.weight"),
+        ln_x_bias=take(p + "att.ln_x.bias"),
+        ffn_mix=take(f + "x_k"),
+        ffn_key=take(f + "key.weight"),
+        ffn_value=take(f + "value.weight"),
+    )

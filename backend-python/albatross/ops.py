@@ -1,0 +1,232 @@
+"""The per-layer operations of the RWKV-7 forward that are worth a fused device kernel, each with
+its pure-torch twin (the CPU path and the test oracle).
+
+Dispatch: `register_cuda_ops(name=fn, ...)` installs CUDA implementations (the kernel loader calls
+it once kernels are built); a public op uses the installed one when its inputs live on a CUDA
+device and the torch twin otherwise. The twins stay importable as `<name>_torch`.
+
+Flat-batch conventions shared by every op: the tokens of all slots of one forward call are rows
+of `[total_T, C]` tensors; slot s owns rows `cu_seqlens[s]:cu_seqlens[s+1]` and its recurrent
+state lives at index `slot_idx[s]` of a `[B, ...]` pool tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+GROUP_NORM_EPS = 64e-5
+
+
+@dataclass(frozen=True, slots=True)
+class FlatBatch:
+    """Row bookkeeping of one forward call, built once and shared by every layer.
+
+    `first_rows`/`last_rows` are the flat row of each slot's first/last token, `slot_idx` the pool
+    index of each slot (int64 for indexing; `slot_idx_i32`/`cu_seqlens` are the int32 forms the
+    kernels take), `lengths` the host-side token counts."""
+
+    slot_idx: torch.Tensor
+    slot_idx_i32: torch.Tensor
+    cu_seqlens: torch.Tensor
+    first_rows: torch.Tensor
+    last_rows: torch.Tensor
+    lengths: tuple[int, ...]
+
+    @classmethod
+    def build(cls, slots: list[int], lengths: list[int], device: torch.device) -> FlatBatch:
+        starts = [0]
+        for n in lengths:
+            starts.append(starts[-1] + n)
+        host = torch.tensor([slots, starts[:-1], [s - 1 for s in starts[1:]]], dtype=torch.int64)
+        host = host.to(device, non_blocking=True)
+        cu = torch.tensor(starts, dtype=torch.int32).to(device, non_blocking=True)
+        return cls(
+            slot_idx=host[0],
+            slot_idx_i32=host[0].to(torch.int32),
+            cu_seqlens=cu,
+            first_rows=host[1],
+            last_rows=host[2],
+            lengths=tuple(lengths),
+        )
+
+
+# ----------------------------------------------------------------------------------------------
+# torch twins
+
+
+def wkv7_torch(
+    state: torch.Tensor,
+    slot_idx: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    r: torch.Tensor,
+    w: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+) -> torch.Tensor:
+    """The RWKV-7 recurrence (docs/architecture.md, "WKV op"), per token and head:
+    `S = S * exp(-exp(w))[None, :] + (S @ a) b^T + v k^T`, `y = S @ r`, in fp32.
+
+    Slots are sorted by length, longest first, so at step t the slots still running are a prefix
+    of the sorted list: one batched update per step covers every slot, and a decode-only call
+    (all lengths 1) is a single vectorised update. Each slot's state is read once and written
+    back once (index_copy_)."""
+    B, H, N, _ = state.shape
+    total = r.shape[0]
+    bounds = cu_seqlens.tolist()
+    lengths = [bounds[s + 1] - bounds[s] for s in range(len(bounds) - 1)]
+    order = sorted(range(len(lengths)), key=lambda s: -lengths[s])
+    device = state.device
+    order_t = torch.tensor(order, dtype=torch.int64, device=device)
+    slots = slot_idx.to(torch.int64)[order_t]
+    starts = torch.tensor([bounds[s] for s in order], dtype=torch.int64, device=device)
+    sorted_lengths = [lengths[s] for s in order]
+
+    def heads(x: torch.Tensor) -> torch.Tensor:
+        return x.float().view(total, H, N)
+
+    decay = torch.exp(-torch.exp(heads(w)))
+    r32, k32, v32, a32, b32 = heads(r), heads(k), heads(v), heads(a), heads(b)
+    S = state.index_select(0, slots).float()
+    y = torch.empty(total, H, N, dtype=torch.float32, device=device)
+    active = len(order)
+    for t in range(sorted_lengths[0] if sorted_lengths else 0):
+        while sorted_lengths[active - 1] <= t:
+            active -= 1
+        rows = starts[:active] + t
+        s = S[:active]
+        sa = s @ a32[rows].unsqueeze(-1)  # [n, H, N, 1]
+        s = s * decay[rows].unsqueeze(-2) + sa @ b32[rows].unsqueeze(-2) + v32[rows].unsqueeze(-1) @ k32[rows].unsqueeze(-2)
+        S[:active] = s
+        y[rows] = (s @ r32[rows].unsqueeze(-1)).squeeze(-1)
+    state.index_copy_(0, slots, S.to(state.dtype))
+    return y.view(total, H * N).to(r.dtype)
+
+
+def token_shift_torch(x: torch.Tensor, shift_state: torch.Tensor, batch: FlatBatch) -> torch.Tensor:
+    """`prev - x`, where prev is each row's preceding token of the same slot (the slot's saved
+    shift vector for its first row); then saves each slot's last row as its new shift vector."""
+    prev = torch.empty_like(x)
+    prev[1:] = x[:-1]
+    prev.index_copy_(0, batch.first_rows, shift_state.index_select(0, batch.slot_idx))
+    shift_state.index_copy_(0, batch.slot_idx, x.index_select(0, batch.last_rows))
+    return prev - x
+
+
+def mix_inputs_torch(x: torch.Tensor, delta: torch.Tensor, coefficients: torch.Tensor) -> torch.Tensor:
+    """Token-shift interpolation `x + delta * c` for K coefficient vectors at once:
+    `coefficients [K, C]` gives `[K, T, C]`."""
+    return x.unsqueeze(0) + delta.unsqueeze(0) * coefficients.unsqueeze(1)
+
+
+def group_norm_bonus_torch(
+    y: torch.Tensor,
+    r: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    r_k: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    n_head: int,
+) -> torch.Tensor:
+    """Per-head group norm of the WKV output plus the current-token bonus
+    `sum_j(r * k * r_k)_head * v_head`."""
+    T, C = y.shape
+    normed = F.group_norm(y, num_groups=n_head, weight=weight, bias=bias, eps=GROUP_NORM_EPS)
+    bonus = (r * k * r_k).view(T, n_head, -1).sum(dim=-1, keepdim=True) * v.view(T, n_head, -1)
+    return normed + bonus.view(T, C)
+
+
+def relu_square_torch(x: torch.Tensor) -> torch.Tensor:
+    return torch.relu(x).square()
+
+
+# ----------------------------------------------------------------------------------------------
+# dispatch
+
+_TORCH_OPS: dict[str, Callable[..., torch.Tensor]] = {
+    "wkv7": wkv7_torch,
+    "token_shift": token_shift_torch,
+    "mix_inputs": mix_inputs_torch,
+    "group_norm_bonus": group_norm_bonus_torch,
+    "relu_square": relu_square_torch,
+}
+_CUDA_OPS: dict[str, Callable[..., torch.Tensor]] = {}
+
+
+def register_cuda_ops(**implementations: Callable[..., torch.Tensor]) -> None:
+    """Install CUDA implementations by op name (same signature as the torch twin). Registering
+    again replaces the previous one; an unknown name is refused with the list of known ones."""
+    unknown = sorted(set(implementations) - set(_TORCH_OPS))
+    if unknown:
+        raise ValueError(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(sorted(_TORCH_OPS))}")
+    for name, fn in implementations.items():
+        if not callable(fn):
+            raise TypeError(f"op {name!r} must be callable, got {type(fn).__name__}")
+    _CUDA_OPS.update(implementations)
+
+
+def unregister_cuda_ops(*names: str) -> None:
+    """Remove CUDA implementations (all of them when no name is given); the torch twins remain."""
+    for name in names or tuple(_CUDA_OPS):
+        _CUDA_OPS.pop(name, None)
+
+
+def registered_cuda_ops() -> tuple[str, ...]:
+    return tuple(sorted(_CUDA_OPS))
+
+
+def known_ops() -> tuple[str, ...]:
+    return tuple(sorted(_TORCH_OPS))
+
+
+def _pick(name: str, tensor: torch.Tensor) -> Callable[..., torch.Tensor]:
+    if tensor.is_cuda:
+        fn = _CUDA_OPS.get(name)
+        if fn is not None:
+            return fn
+    return _TORCH_OPS[name]
+
+
+def wkv7(
+    state: torch.Tensor,
+    slot_idx: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    r: torch.Tensor,
+    w: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+) -> torch.Tensor:
+    return _pick("wkv7", state)(state, slot_idx, cu_seqlens, r, w, k, v, a, b)
+
+
+def token_shift(x: torch.Tensor, shift_state: torch.Tensor, batch: FlatBatch) -> torch.Tensor:
+    return _pick("token_shift", x)(x, shift_state, batch)
+
+
+def mix_inputs(x: torch.Tensor, delta: torch.Tensor, coefficients: torch.Tensor) -> torch.Tensor:
+    return _pick("mix_inputs", x)(x, delta, coefficients)
+
+
+def group_norm_bonus(
+    y: torch.Tensor,
+    r: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    r_k: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    n_head: int,
+) -> torch.Tensor:
+    return _pick("group_norm_bonus", y)(y, r, k, v, r_k, weight, bias, n_head)
+
+
+def relu_square(x: torch.Tensor) -> torch.Tensor:
+    return _pick("relu_square", x)(x)
