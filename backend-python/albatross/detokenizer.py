@@ -1,0 +1,128 @@
+"""Streaming text for one request: token ids -> UTF-8-safe text -> text cut at stop strings.
+
+`IncrementalDecoder` turns token ids into text without ever splitting a character: the bytes of an
+incomplete UTF-8 sequence wait for the next token, and an invalid sequence becomes U+FFFD as soon
+as no continuation can complete it. The concatenated output equals
+`all_bytes.decode("utf-8", "replace")` however the ids are split into pushes.
+
+`StopMatcher` sees only generated text (a stop string inside the prompt is irrelevant). It holds
+back the longest suffix that could still grow into a stop string. The stop that fires is the one
+that completes first (earliest end; on a tie the earliest start), which is what one-character
+pushes would give, so the result does not depend on how the text was split into pushes.
+"""
+
+from __future__ import annotations
+
+import codecs
+from collections.abc import Iterable, Sequence
+from typing import Protocol
+
+
+class TokenBytes(Protocol):
+    def decode_bytes(self, token_ids: Iterable[int]) -> bytes: ...
+
+
+class IncrementalDecoder:
+    """Token ids in, complete characters out."""
+
+    __slots__ = ("_tokenizer", "_utf8")
+
+    def __init__(self, tokenizer: TokenBytes) -> None:
+        self._tokenizer = tokenizer
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def push(self, token_ids: Iterable[int]) -> str:
+        return self._utf8.decode(self._tokenizer.decode_bytes(token_ids), final=False)
+
+    def flush(self) -> str:
+        """End of stream: bytes of a sequence that never completed become U+FFFD."""
+        return self._utf8.decode(b"", final=True)
+
+    @property
+    def pending_bytes(self) -> bytes:
+        return self._utf8.getstate()[0]
+
+
+class StopMatcher:
+    """Text in, text safe to emit out; finishes at the first stop string."""
+
+    __slots__ = ("_stops", "_prefixes", "_held", "finished")
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        if any(stop == "" for stop in stops):
+            raise ValueError("stop strings must not be empty")
+        self._stops = tuple(dict.fromkeys(stops))
+        # Every proper prefix of a stop, grouped by length: the suffixes worth holding back.
+        prefixes: dict[int, set[str]] = {}
+        for stop in self._stops:
+            for length in range(1, len(stop)):
+                prefixes.setdefault(length, set()).add(stop[:length])
+        self._prefixes = sorted(prefixes.items(), reverse=True)
+        self._held = ""
+        self.finished = False
+
+    @property
+    def held(self) -> str:
+        return self._held
+
+    def push(self, text: str) -> tuple[str, bool]:
+        """Returns (text to emit now, whether a stop matched). After a match it returns ("", True)."""
+        if self.finished:
+            return "", True
+        if not self._stops:
+            return text, False
+        buffer = self._held + text
+        match_start = self._first_completed_match(buffer)
+        if match_start is not None:
+            self._held = ""
+            self.finished = True
+            return buffer[:match_start], True
+        keep = self._longest_stop_prefix_suffix(buffer)
+        self._held = buffer[len(buffer) - keep :] if keep else ""
+        return buffer[: len(buffer) - keep], False
+
+    def flush(self) -> str:
+        """End of generation without a match: the held text is ordinary text after all."""
+        held, self._held = self._held, ""
+        return "" if self.finished else held
+
+    def _first_completed_match(self, buffer: str) -> int | None:
+        best: tuple[int, int] | None = None  # (end, start)
+        for stop in self._stops:
+            start = buffer.find(stop)
+            if start >= 0 and (best is None or (start + len(stop), start) < best):
+                best = (start + len(stop), start)
+        return None if best is None else best[1]
+
+    def _longest_stop_prefix_suffix(self, buffer: str) -> int:
+        for length, prefixes in self._prefixes:
+            if length <= len(buffer) and buffer[len(buffer) - length :] in prefixes:
+                return length
+        return 0
+
+
+class TextStream:
+    """One request's token ids -> (text delta, stopped), UTF-8 safe and cut at stop strings."""
+
+    __slots__ = ("_decoder", "_matcher")
+
+    def __init__(self, tokenizer: TokenBytes, stops: Sequence[str] = ()) -> None:
+        self._decoder = IncrementalDecoder(tokenizer)
+        self._matcher = StopMatcher(stops)
+
+    @property
+    def stopped(self) -> bool:
+        return self._matcher.finished
+
+    def push(self, token_ids: Iterable[int]) -> tuple[str, bool]:
+        if self._matcher.finished:
+            return "", True
+        return self._matcher.push(self._decoder.push(token_ids))
+
+    def flush(self) -> str:
+        """End of generation: the last incomplete bytes (as U+FFFD) and any held text. The decoder's
+        tail can still complete a stop string; then `stopped` turns True and the text is cut."""
+        if self._matcher.finished:
+            return ""
+        text, stopped = self._matcher.push(self._decoder.flush())
+        return text if stopped else text + self._matcher.flush()
