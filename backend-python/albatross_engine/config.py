@@ -1,0 +1,124 @@
+"""The Albatross strategy string: `albatross` (alias `chirrup`) followed by `key=value` words.
+
+    albatross workers=2 batch=64 dtype=fp16 prefill_chunk=1024
+
+As the runner documents it, an unknown key or an invalid value is ignored with a logged warning
+and the default stays; `GET /status` shows the effective values (AlbatrossRWKV.status()).
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+
+logger = logging.getLogger(__name__)
+
+STRATEGY_WORDS = ("albatross", "chirrup")
+MODEL_DTYPES = ("fp16", "bf16", "fp32")
+STATE_DTYPES = ("fp32", "fp16", "bf16")
+
+_DEVICE_PATTERN = re.compile(r"^(cpu|cuda|cuda:\d+)$")
+
+
+@dataclass(frozen=True, slots=True)
+class AlbatrossBackendConfig:
+    worker_num: int = 1  # one worker thread per device
+    batch_size: int = 32  # state slots per worker
+    device: str | None = None  # None: cuda when available, else cpu; "cuda:N" puts worker 0 on GPU N
+    dtype: str | None = None  # weights and activations; None: fp16 on cuda, fp32 on cpu
+    prefill_chunk: int = 512  # most prompt tokens one request feeds in one step
+    prefill_budget: int = 4096  # most prompt tokens all requests feed together in one step
+    state_dtype: str = "fp32"  # WKV state precision
+    overlap: bool | None = None  # host work of step N while step N+1 runs; None: on for cuda
+    cuda_graphs: bool = True  # replay decode steps from CUDA graphs when albatross provides them
+
+    def __post_init__(self) -> None:
+        for name in ("worker_num", "batch_size", "prefill_chunk", "prefill_budget"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        if self.device is not None and not _DEVICE_PATTERN.match(self.device):
+            raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
+        if self.dtype is not None and self.dtype not in MODEL_DTYPES:
+            raise ValueError(f"dtype must be one of {', '.join(MODEL_DTYPES)}, got {self.dtype!r}")
+        if self.state_dtype not in STATE_DTYPES:
+            raise ValueError(f"state_dtype must be one of {', '.join(STATE_DTYPES)}, got {self.state_dtype!r}")
+
+
+def is_albatross_strategy(strategy: str) -> bool:
+    words = strategy.strip().split()
+    return bool(words) and words[0].lower() in STRATEGY_WORDS
+
+
+def _positive_int(text: str) -> int | None:
+    try:
+        value = int(text)
+    except ValueError:
+        return None
+    return value if value >= 1 else None
+
+
+def _device(text: str) -> str | None:
+    text = text.lower()
+    if text.isdigit():  # a bare GPU index
+        return f"cuda:{int(text)}"
+    return text if _DEVICE_PATTERN.match(text) else None
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[str], str | None]:
+    def parse(text: str) -> str | None:
+        text = text.lower()
+        return text if text in choices else None
+
+    return parse
+
+
+def _boolean(text: str) -> bool | None:
+    return {"1": True, "true": True, "on": True, "0": False, "false": False, "off": False}.get(text.lower())
+
+
+# strategy key -> (config field, value parser returning None for an invalid value)
+_KEYS: dict[str, tuple[str, Callable[[str], object]]] = {
+    "workers": ("worker_num", _positive_int),
+    "worker": ("worker_num", _positive_int),
+    "worker_num": ("worker_num", _positive_int),
+    "batch": ("batch_size", _positive_int),
+    "batch_size": ("batch_size", _positive_int),
+    "device": ("device", _device),
+    "dtype": ("dtype", _choice(MODEL_DTYPES)),
+    "prefill_chunk": ("prefill_chunk", _positive_int),
+    "prefill_budget": ("prefill_budget", _positive_int),
+    "state_dtype": ("state_dtype", _choice(STATE_DTYPES)),
+    "overlap": ("overlap", _boolean),
+    "cuda_graphs": ("cuda_graphs", _boolean),
+}
+
+
+def parse_albatross_strategy(strategy: str) -> AlbatrossBackendConfig:
+    """Parse a strategy string; never raises for a bad key or value (warns and keeps the default)."""
+    words = strategy.strip().split()
+    if not words or words[0].lower() not in STRATEGY_WORDS:
+        raise ValueError(f"not an albatross strategy: {strategy!r} (it must start with {' or '.join(STRATEGY_WORDS)})")
+    values: dict[str, object] = {}
+    for word in words[1:]:
+        key, sep, raw = word.partition("=")
+        key = key.strip().lower()
+        if not sep:
+            logger.warning("albatross strategy: ignoring %r (expected key=value)", word)
+            continue
+        if key not in _KEYS:
+            logger.warning("albatross strategy: ignoring unknown key %r; known keys: %s", key, ", ".join(_KEYS))
+            continue
+        field_name, parse = _KEYS[key]
+        value = parse(raw.strip())
+        if value is None:
+            logger.warning("albatross strategy: ignoring invalid value %s=%r; keeping the default", key, raw)
+            continue
+        values[field_name] = value
+    return AlbatrossBackendConfig(**values)  # type: ignore[arg-type]
+
+
+def config_field_names() -> tuple[str, ...]:
+    return tuple(f.name for f in fields(AlbatrossBackendConfig))

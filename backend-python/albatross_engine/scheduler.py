@@ -1,0 +1,176 @@
+"""Which tasks hold state slots, and what each step feeds the model. Plain Python, no torch.
+
+Policy (one screen):
+- Admission is first come, first served into the lowest free slot.
+- Every step, each running task that has a sampled token not yet fed gets one row: DECODE (feed
+  it and sample the next) while it may still sample, else FEED (feed only, so that a saved final
+  state has consumed every generated token). Decoding never waits for prefill.
+- Prompts are then fed in chunks, oldest admission first: at most `prefill_chunk` tokens per task
+  and `prefill_budget` tokens per step in all. A task using the prefix cache has its chunks cut at
+  multiples of `prefix_boundary` so the state can be saved there.
+- A row samples when it is a decode row or the chunk that ends its prompt (unless max_tokens is 0).
+
+`plan()` records what it issues on the tasks (prompt_pos, sampled, fed, last_sample_row): the
+worker issues every plan it gets, so these counters describe the steps sent to the device.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+from collections import deque
+from dataclasses import dataclass
+
+from albatross_engine.state_store import PREFIX_BOUNDARY_TOKENS
+from albatross_engine.tasks import EngineTask
+
+
+class RowKind(enum.IntEnum):
+    PREFILL = 0  # a chunk of the prompt
+    DECODE = 1  # the newest sampled token, then sample again
+    FEED = 2  # the newest sampled token, no sampling
+
+
+@dataclass(slots=True)
+class Row:
+    task: EngineTask
+    slot: int
+    kind: RowKind
+    start: int = 0  # PREFILL: prompt slice [start, stop)
+    stop: int = 0
+    input_row: int = -1  # DECODE/FEED: the row of the previous step's sampled ids to feed
+    sample_row: int = -1  # index into this step's sampled ids; -1: not sampled
+    prefix_checkpoint: bool = False  # save the slot state after this row under the prompt's prefix key
+
+    @property
+    def token_count(self) -> int:
+        return self.stop - self.start if self.kind is RowKind.PREFILL else 1
+
+    @property
+    def samples(self) -> bool:
+        return self.sample_row >= 0
+
+
+@dataclass(slots=True)
+class StepPlan:
+    rows: list[Row]
+    sample_count: int = 0
+    decode_tokens: int = 0
+    prefill_tokens: int = 0
+
+    def __bool__(self) -> bool:
+        return bool(self.rows)
+
+
+class Scheduler:
+    def __init__(
+        self,
+        batch_size: int,
+        prefill_chunk: int = 512,
+        prefill_budget: int = 4096,
+        prefix_boundary: int = PREFIX_BOUNDARY_TOKENS,
+    ) -> None:
+        if min(batch_size, prefill_chunk, prefill_budget, prefix_boundary) < 1:
+            raise ValueError("batch_size, prefill_chunk, prefill_budget and prefix_boundary must be >= 1")
+        self.batch_size = batch_size
+        self.prefill_chunk = prefill_chunk
+        self.prefill_budget = prefill_budget
+        self.prefix_boundary = prefix_boundary
+        self.waiting: deque[EngineTask] = deque()
+        self.running: dict[int, EngineTask] = {}  # task_id -> task, in admission order
+        self._free_slots: list[int] = list(range(batch_size))  # a heap: the lowest slot first
+        self._admissions = 0
+
+    @property
+    def free_slot_count(self) -> int:
+        return len(self._free_slots)
+
+    @property
+    def load(self) -> int:
+        return len(self.waiting) + len(self.running)
+
+    def add(self, task: EngineTask) -> None:
+        self.waiting.append(task)
+
+    def admit(self) -> list[EngineTask]:
+        """Move waiting tasks into free slots; the caller prepares each slot's starting state."""
+        admitted: list[EngineTask] = []
+        while self.waiting and self._free_slots:
+            task = self.waiting.popleft()
+            task.slot = heapq.heappop(self._free_slots)
+            task.admission_order = self._admissions
+            self._admissions += 1
+            self.running[task.task_id] = task
+            admitted.append(task)
+        return admitted
+
+    def remove_waiting(self, task: EngineTask) -> bool:
+        try:
+            self.waiting.remove(task)
+        except ValueError:
+            return False
+        return True
+
+    def release(self, task: EngineTask) -> None:
+        """Free the task's slot for the next admission (rows already issued keep their own slot)."""
+        if self.running.pop(task.task_id, None) is None:
+            raise ValueError(f"task {task.task_id} holds no slot")
+        heapq.heappush(self._free_slots, task.slot)
+
+    def plan(self) -> StepPlan:
+        plan = StepPlan(rows=[])
+        for task in self.running.values():
+            if not task.prefilling:
+                self._plan_generated_token(task, plan)
+        budget = self.prefill_budget
+        for task in self.running.values():
+            if budget == 0:
+                break
+            if task.prefilling and not task.finished:
+                budget -= self._plan_prefill_chunk(task, budget, plan)
+        return plan
+
+    def _plan_generated_token(self, task: EngineTask, plan: StepPlan) -> None:
+        if task.fed >= task.sampled:
+            return  # nothing new to feed: waiting for the host to see the task's end
+        if task.finished:
+            if not task.final_feed_pending:
+                return
+            task.final_feed_pending = False
+            kind = RowKind.FEED
+        elif task.wants_sample():
+            kind = RowKind.DECODE
+        elif task.save_key is not None:
+            kind = RowKind.FEED  # the final state must include the last token
+        else:
+            return
+        row = Row(task=task, slot=task.slot, kind=kind, input_row=task.last_sample_row)
+        task.fed += 1
+        if kind is RowKind.DECODE:
+            self._assign_sample(task, row, plan)
+        plan.rows.append(row)
+        plan.decode_tokens += 1
+
+    def _plan_prefill_chunk(self, task: EngineTask, budget: int, plan: StepPlan) -> int:
+        start = task.prompt_pos
+        count = min(task.prompt_len - start, self.prefill_chunk, budget)
+        boundary = self.prefix_boundary
+        if task.use_prefix_cache:
+            next_boundary = (start // boundary + 1) * boundary
+            count = min(count, next_boundary - start)
+        stop = start + count
+        row = Row(task=task, slot=task.slot, kind=RowKind.PREFILL, start=start, stop=stop)
+        row.prefix_checkpoint = task.use_prefix_cache and (stop % boundary == 0 or stop == task.prompt_len)
+        task.prompt_pos = stop
+        if stop == task.prompt_len and task.wants_sample():
+            self._assign_sample(task, row, plan)
+        plan.rows.append(row)
+        plan.prefill_tokens += count
+        return count
+
+    @staticmethod
+    def _assign_sample(task: EngineTask, row: Row, plan: StepPlan) -> None:
+        row.sample_row = plan.sample_count
+        plan.sample_count += 1
+        task.sampled += 1
+        task.last_sample_row = row.sample_row

@@ -1,0 +1,100 @@
+"""The seam between the engine and a state cache (sessions, dialogue nodes, prompt prefixes).
+
+The worker only needs these three calls; `albatross_engine/state_cache.py` implements them with
+three tiers (device, host RAM, SQLite) keyed by the model's fingerprint. Tests use `DictStateStore`.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import sys
+import threading
+from array import array
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from albatross.state import SlotState
+
+PREFIX_KEY_PREFIX = "prefix:"
+PREFIX_BOUNDARY_TOKENS = 256  # prompts are checkpointed every this many tokens and at their end
+
+
+@runtime_checkable
+class StateStore(Protocol):
+    def get(self, key: str) -> SlotState | None:
+        """A copy of the state saved under `key` (the caller may write into it), or None."""
+        ...
+
+    def put(self, key: str, state: SlotState) -> None: ...
+
+    def contains(self, key: str) -> bool: ...
+
+
+def token_bytes(token_ids: Sequence[int]) -> bytes:
+    """Token ids as little-endian unsigned 32-bit integers: the bytes a prefix key hashes."""
+    packed = array("I", token_ids)  # "I" is 4 bytes on every platform torch supports
+    if sys.byteorder == "big":
+        packed.byteswap()
+    return packed.tobytes()
+
+
+def prefix_key(token_ids: Sequence[int]) -> str:
+    """`prefix:<sha256 of the ids as little-endian uint32>`: the key of the state after `token_ids`."""
+    return PREFIX_KEY_PREFIX + hashlib.sha256(token_bytes(token_ids)).hexdigest()
+
+
+class PrefixHasher:
+    """Hashes a prompt once, left to right, yielding the prefix key at any length reached so far."""
+
+    __slots__ = ("_hash", "_tokens", "_length")
+
+    def __init__(self, tokens: Sequence[int]) -> None:
+        self._hash = hashlib.sha256()
+        self._tokens = tokens
+        self._length = 0
+
+    @property
+    def length(self) -> int:
+        return self._length
+
+    def key_at(self, length: int) -> str:
+        if length < self._length or length > len(self._tokens):
+            raise ValueError(f"prefix length {length} outside [{self._length}, {len(self._tokens)}]")
+        self._hash.update(token_bytes(self._tokens[self._length : length]))
+        self._length = length
+        return PREFIX_KEY_PREFIX + self._hash.copy().hexdigest()
+
+
+class DictStateStore:
+    """An unbounded in-memory store (tests, and a reference for the protocol's semantics)."""
+
+    def __init__(self) -> None:
+        self._states: dict[str, SlotState] = {}
+        self._lock = threading.Lock()
+
+    def get(self, key: str) -> SlotState | None:
+        with self._lock:
+            state = self._states.get(key)
+        return None if state is None else _clone(state)
+
+    def put(self, key: str, state: SlotState) -> None:
+        clone = _clone(state)
+        with self._lock:
+            self._states[key] = clone
+
+    def contains(self, key: str) -> bool:
+        with self._lock:
+            return key in self._states
+
+    def keys(self) -> list[str]:
+        with self._lock:
+            return list(self._states)
+
+
+def _clone(state: SlotState) -> SlotState:
+    clone = getattr(state, "clone", None)
+    if callable(clone):
+        return clone()
+    return copy.deepcopy(state)

@@ -1,0 +1,156 @@
+"""A request inside the engine (`EngineTask`) and the channels its events travel back on.
+
+Events cross from a worker thread to the caller's event loop in batches: a worker collects one
+step's events in an `EventOutbox` and delivers them with one `call_soon_threadsafe` per caller
+loop, never one call per token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import queue
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Union
+
+from runner.interface import FinishReason, GenerationEvent, SamplingParams, StateRef
+
+if TYPE_CHECKING:
+    from albatross.detokenizer import TextStream
+
+EventItem = Union[GenerationEvent, BaseException]  # an exception ends the stream by being raised
+
+_task_ids = itertools.count(1)
+
+
+class AsyncChannel:
+    """Events for a caller on an asyncio loop; only that loop touches the queue."""
+
+    __slots__ = ("loop", "queue", "closed")
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.queue: asyncio.Queue[EventItem] = asyncio.Queue()
+        self.closed = False  # the caller's loop is gone: nobody reads this channel any more
+
+
+class SyncChannel:
+    """Events for a synchronous caller blocked on a thread-safe queue."""
+
+    __slots__ = ("queue", "closed")
+
+    def __init__(self) -> None:
+        self.queue: queue.SimpleQueue[EventItem] = queue.SimpleQueue()
+        self.closed = False
+
+
+EventChannel = Union[AsyncChannel, SyncChannel]
+
+
+def _deliver(batch: list[tuple[asyncio.Queue[EventItem], EventItem]]) -> None:
+    for target, item in batch:
+        target.put_nowait(item)
+
+
+class EventOutbox:
+    """Collects events during a step; `flush()` hands them over, one callback per caller loop."""
+
+    __slots__ = ("_by_loop", "_channels_by_loop")
+
+    def __init__(self) -> None:
+        self._by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[EventItem], EventItem]]] = {}
+        self._channels_by_loop: dict[asyncio.AbstractEventLoop, list[AsyncChannel]] = {}
+
+    def add(self, channel: EventChannel, item: EventItem) -> None:
+        if channel.closed:
+            return
+        if isinstance(channel, SyncChannel):
+            channel.queue.put(item)
+            return
+        batch = self._by_loop.get(channel.loop)
+        if batch is None:
+            batch = self._by_loop[channel.loop] = []
+            self._channels_by_loop[channel.loop] = []
+        batch.append((channel.queue, item))
+        self._channels_by_loop[channel.loop].append(channel)
+
+    def flush(self) -> None:
+        for loop, batch in self._by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_deliver, batch)
+            except RuntimeError:  # the caller's loop was closed: mark its channels so their tasks abort
+                for channel in self._channels_by_loop[loop]:
+                    channel.closed = True
+        self._by_loop.clear()
+        self._channels_by_loop.clear()
+
+
+def send_now(channel: EventChannel, item: EventItem) -> None:
+    """Deliver one item outside a step (admission errors, engine failure)."""
+    outbox = EventOutbox()
+    outbox.add(channel, item)
+    outbox.flush()
+
+
+@dataclass(slots=True, eq=False)
+class EngineTask:
+    """One request's progress. Fields before `slot` are fixed at submit; the rest belong to the
+    worker thread that owns the task (the core only sets `abort_requested`)."""
+
+    prompt_tokens: list[int]
+    sampling: SamplingParams
+    seed: int  # the request's seed, or one drawn at submit
+    channel: EventChannel
+    request_id: str = ""
+    state_ref: StateRef | None = None
+    task_id: int = field(default_factory=lambda: next(_task_ids))
+    abort_requested: bool = False
+    worker_index: int = -1
+
+    # Launch side: what the steps issued so far have done (the device may still be running them).
+    slot: int = -1
+    admission_order: int = -1
+    prompt_pos: int = 0  # prompt tokens fed (or skipped thanks to a cached state)
+    cached_prompt_tokens: int = 0
+    sampled: int = 0  # tokens sampled by issued steps
+    fed: int = 0  # generated tokens fed back as model inputs by issued steps
+    last_sample_row: int = -1  # row of this task's newest sample in the last issued step's ids
+
+    # Host side: what has been processed and sent to the caller.
+    completion_tokens: int = 0
+    finish_reason: FinishReason | None = None
+    error: str | None = None
+    final_feed_pending: bool = False  # finished, but its last token must still be fed before a state save
+    text_stream: TextStream | None = None
+
+    def __post_init__(self) -> None:
+        if self.sampling.max_tokens > 0 and not self.prompt_tokens:
+            raise ValueError("generating needs at least one prompt token")
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_tokens)
+
+    @property
+    def prefilling(self) -> bool:
+        return self.prompt_pos < len(self.prompt_tokens)
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def use_prefix_cache(self) -> bool:
+        return self.state_ref is not None and self.state_ref.use_prefix_cache
+
+    @property
+    def save_key(self) -> str | None:
+        return None if self.state_ref is None else self.state_ref.save_key
+
+    @property
+    def load_key(self) -> str | None:
+        return None if self.state_ref is None else self.state_ref.load_key
+
+    def wants_sample(self) -> bool:
+        """Whether an issued step may still sample a token for this task."""
+        return self.finish_reason is None and self.sampled < self.sampling.max_tokens

@@ -1,0 +1,129 @@
+"""The scheduling policy, with plain task objects and no model."""
+
+from __future__ import annotations
+
+from albatross_engine.scheduler import RowKind, Scheduler
+from albatross_engine.tasks import EngineTask, SyncChannel
+from runner.interface import SamplingParams, StateRef
+
+
+def make_task(prompt_len: int, max_tokens: int = 8, state: StateRef | None = None) -> EngineTask:
+    return EngineTask(
+        prompt_tokens=list(range(1, prompt_len + 1)),
+        sampling=SamplingParams(max_tokens=max_tokens),
+        seed=1,
+        channel=SyncChannel(),
+        state_ref=state,
+    )
+
+
+def test_admission_is_first_come_first_served_into_the_lowest_free_slots() -> None:
+    scheduler = Scheduler(batch_size=2)
+    tasks = [make_task(3) for _ in range(3)]
+    for task in tasks:
+        scheduler.add(task)
+    admitted = scheduler.admit()
+    assert admitted == tasks[:2], "the two oldest tasks fill the two slots"
+    assert [t.slot for t in admitted] == [0, 1]
+    assert list(scheduler.waiting) == [tasks[2]], "the third waits for a slot"
+    scheduler.release(tasks[0])
+    assert scheduler.admit() == [tasks[2]] and tasks[2].slot == 0, "a released slot goes to the next task"
+
+
+def test_a_prompt_ending_chunk_samples_and_then_the_task_decodes_one_token_per_step() -> None:
+    scheduler = Scheduler(batch_size=1)
+    task = make_task(5)
+    scheduler.add(task)
+    scheduler.admit()
+    first = scheduler.plan()
+    assert [(r.kind, r.start, r.stop, r.sample_row) for r in first.rows] == [(RowKind.PREFILL, 0, 5, 0)]
+    second = scheduler.plan()
+    assert [(r.kind, r.input_row, r.sample_row) for r in second.rows] == [(RowKind.DECODE, 0, 0)]
+    assert (task.sampled, task.fed) == (2, 1)
+
+
+def test_long_prompts_are_chunked_and_decoding_is_never_starved_by_prefill() -> None:
+    scheduler = Scheduler(batch_size=2, prefill_chunk=4, prefill_budget=6)
+    decoding, long_prompt = make_task(2), make_task(10)
+    scheduler.add(decoding)
+    scheduler.admit()
+    scheduler.plan()  # decoding's prompt, sampled
+    scheduler.add(long_prompt)
+    scheduler.admit()
+    steps = [scheduler.plan() for _ in range(3)]
+    for step in steps:
+        kinds = {r.task: r.kind for r in step.rows}
+        assert kinds[decoding] is RowKind.DECODE, "the decoding task gets a token every step"
+    chunks = [(r.start, r.stop) for step in steps for r in step.rows if r.task is long_prompt]
+    assert chunks == [(0, 4), (4, 8), (8, 10)], f"chunks of at most prefill_chunk tokens, got {chunks}"
+    assert [r.samples for step in steps for r in step.rows if r.task is long_prompt] == [False, False, True]
+
+
+def test_the_prefill_budget_is_shared_oldest_admission_first() -> None:
+    scheduler = Scheduler(batch_size=3, prefill_chunk=100, prefill_budget=10)
+    tasks = [make_task(6) for _ in range(3)]
+    for task in tasks:
+        scheduler.add(task)
+    scheduler.admit()
+    plan = scheduler.plan()
+    assert [(r.task, r.start, r.stop) for r in plan.rows] == [(tasks[0], 0, 6), (tasks[1], 0, 4)]
+    assert plan.prefill_tokens == 10 and plan.decode_tokens == 0
+
+
+def test_prefix_cache_chunks_end_at_boundaries_and_at_the_prompt_end() -> None:
+    scheduler = Scheduler(batch_size=1, prefill_chunk=1000, prefill_budget=1000, prefix_boundary=256)
+    task = make_task(600, state=StateRef(use_prefix_cache=True))
+    scheduler.add(task)
+    scheduler.admit()
+    rows = [r for _ in range(3) for r in scheduler.plan().rows]
+    assert [(r.start, r.stop, r.prefix_checkpoint) for r in rows] == [
+        (0, 256, True),
+        (256, 512, True),
+        (512, 600, True),
+    ]
+
+
+def test_a_task_at_max_tokens_is_not_decoded_again_but_fed_once_when_its_state_is_saved() -> None:
+    scheduler = Scheduler(batch_size=2)
+    plain, saving = make_task(2, max_tokens=1), make_task(2, max_tokens=1, state=StateRef(save_key="s"))
+    for task in (plain, saving):
+        scheduler.add(task)
+    scheduler.admit()
+    scheduler.plan()  # both prompts, one sample each: max_tokens reached
+    plan = scheduler.plan()
+    assert [(r.task, r.kind, r.samples) for r in plan.rows] == [(saving, RowKind.FEED, False)]
+    assert scheduler.plan().rows == [], "nothing left to feed"
+
+
+def test_max_tokens_zero_feeds_the_prompt_without_sampling() -> None:
+    scheduler = Scheduler(batch_size=1)
+    task = make_task(3, max_tokens=0)
+    scheduler.add(task)
+    scheduler.admit()
+    plan = scheduler.plan()
+    assert [(r.kind, r.stop, r.samples) for r in plan.rows] == [(RowKind.PREFILL, 3, False)]
+    assert plan.sample_count == 0
+
+
+def test_a_finished_task_waiting_for_its_final_feed_gets_exactly_one_feed_row() -> None:
+    scheduler = Scheduler(batch_size=1)
+    task = make_task(2, max_tokens=5, state=StateRef(save_key="s"))
+    scheduler.add(task)
+    scheduler.admit()
+    scheduler.plan()
+    task.finish_reason = "stop"  # the host saw a stop string in the first token
+    task.final_feed_pending = True
+    assert [r.kind for r in scheduler.plan().rows] == [RowKind.FEED]
+    assert scheduler.plan().rows == []
+
+
+def test_released_slots_are_reused_and_none_leak() -> None:
+    scheduler = Scheduler(batch_size=3)
+    for round_index in range(5):
+        tasks = [make_task(1 + round_index) for _ in range(3)]
+        for task in tasks:
+            scheduler.add(task)
+        assert len(scheduler.admit()) == 3
+        for task in tasks:
+            scheduler.release(task)
+    assert scheduler.free_slot_count == 3 and not scheduler.running

@@ -1,0 +1,94 @@
+"""The albatross strategy string, as the runner documents it."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+
+from albatross_engine.config import AlbatrossBackendConfig, is_albatross_strategy, parse_albatross_strategy
+
+
+@pytest.mark.parametrize(
+    ("strategy", "expected"),
+    [
+        ("albatross", True),
+        ("chirrup", True),
+        ("  Albatross workers=2", True),
+        ("CHIRRUP batch=8", True),
+        ("cuda fp16", False),
+        ("cpu fp32", False),
+        ("albatrossx", False),
+        ("", False),
+    ],
+)
+def test_a_strategy_is_albatross_when_its_first_word_is_albatross_or_chirrup(strategy: str, expected: bool) -> None:
+    assert is_albatross_strategy(strategy) is expected
+
+
+def test_the_bare_word_gives_the_documented_defaults() -> None:
+    assert parse_albatross_strategy("albatross") == AlbatrossBackendConfig(worker_num=1, batch_size=32)
+    assert parse_albatross_strategy("chirrup") == AlbatrossBackendConfig()
+
+
+@pytest.mark.parametrize(
+    ("strategy", "workers", "batch"),
+    [
+        ("albatross workers=2 batch=64", 2, 64),
+        ("albatross worker=3", 3, 32),
+        ("albatross worker_num=4 batch_size=8", 4, 8),
+        ("chirrup batch=1", 1, 1),
+        ("albatross BATCH=16", 1, 16),
+    ],
+)
+def test_workers_and_batch_accept_their_aliases(strategy: str, workers: int, batch: int) -> None:
+    config = parse_albatross_strategy(strategy)
+    assert (config.worker_num, config.batch_size) == (workers, batch)
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [
+        "albatross workers=0",
+        "albatross workers=-1",
+        "albatross workers=two",
+        "albatross batch=1.5",
+        "albatross batch=",
+        "albatross colour=blue",
+        "albatross lonely",
+        "albatross prefill_chunk=0",
+        "albatross dtype=fp8",
+        "albatross device=tpu",
+    ],
+)
+def test_an_invalid_value_or_unknown_key_is_ignored_with_a_warning(strategy: str, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.WARNING, logger="albatross_engine.config"):
+        config = parse_albatross_strategy(strategy)
+    assert config == AlbatrossBackendConfig(), f"{strategy!r} should leave the defaults, got {config}"
+    assert caplog.records, f"{strategy!r} should log a warning"
+
+
+def test_a_bad_word_does_not_spoil_the_good_ones() -> None:
+    config = parse_albatross_strategy("albatross workers=x batch=12 nonsense=1")
+    assert (config.worker_num, config.batch_size) == (1, 12)
+
+
+def test_optional_device_dtype_and_prefill_settings() -> None:
+    config = parse_albatross_strategy("albatross device=cuda:1 dtype=bf16 prefill_chunk=128 state_dtype=fp16 overlap=0")
+    assert config.device == "cuda:1"
+    assert config.dtype == "bf16"
+    assert config.prefill_chunk == 128
+    assert config.state_dtype == "fp16"
+    assert config.overlap is False
+    assert parse_albatross_strategy("albatross device=2").device == "cuda:2", "a bare index names a GPU"
+    assert parse_albatross_strategy("albatross device=cpu").device == "cpu"
+
+
+def test_a_non_albatross_strategy_is_refused() -> None:
+    with pytest.raises(ValueError, match="not an albatross strategy"):
+        parse_albatross_strategy("cuda fp16")
+
+
+def test_the_config_validates_itself() -> None:
+    with pytest.raises(ValueError, match="batch_size"):
+        AlbatrossBackendConfig(batch_size=0)
