@@ -1,0 +1,204 @@
+"""The batched sampler in pure torch: the CPU path and the oracle for the CUDA kernel.
+
+It computes exactly the definition in docs/architecture.md ("sampler", "Sampler randomness"):
+
+1. `l = logits - penalties[slot]`; temperature 0: argmax (lowest id on ties), done.
+2. `p = softmax(l / temperature)` in fp32.
+3. top_k > 0 keeps `p >= ` the k-th largest p; top_p < 1 keeps `p >= t`, t being the p of the
+   token where the descending cumulative sum first reaches top_p (the last token if rounding keeps
+   the sum below top_p). Both thresholds are taken on the full distribution; a token must pass both.
+4. `u = uniform(seed32, step)`; the sample is the smallest kept id whose cumulative kept mass, in
+   id order, reaches `u * total kept mass`. ("Kept" matters only when u is 0 or the cumulative sum
+   is flat: a dropped id never wins.)
+5. Penalty update for the sampled id t: `P[slot] *= decay`, then `P[slot, t] += frequency`, plus
+   `presence` if the slot had not produced t before.
+
+Every row of a call may have its own settings; nothing loops over rows in Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+MASK32 = 0xFFFFFFFF
+HASH_MULTIPLIER = 0x45D9F3B
+GOLDEN_STEP = 0x9E3779B9
+
+
+def hash32_int(x: int) -> int:
+    """hash32 on a Python int (the host side of the seed derivation)."""
+    x &= MASK32
+    x = (((x >> 16) ^ x) * HASH_MULTIPLIER) & MASK32
+    x = (((x >> 16) ^ x) * HASH_MULTIPLIER) & MASK32
+    return ((x >> 16) ^ x) & MASK32
+
+
+def hash32(x: torch.Tensor) -> torch.Tensor:
+    """hash32 on int64 tensors holding unsigned 32-bit values (products stay below 2**59)."""
+    x = x & MASK32
+    x = (((x >> 16) ^ x) * HASH_MULTIPLIER) & MASK32
+    x = (((x >> 16) ^ x) * HASH_MULTIPLIER) & MASK32
+    return ((x >> 16) ^ x) & MASK32
+
+
+def seed_to_seed32(seed: int) -> int:
+    """A request's 64-bit seed -> the 32-bit stream key used for every draw of that request."""
+    return hash32_int((seed & MASK32) ^ hash32_int((seed >> 32) & MASK32))
+
+
+def _mul_mod32(x: torch.Tensor, constant: int) -> torch.Tensor:
+    """(x * constant) mod 2**32 for x < 2**32 without int64 overflow: multiply 16-bit halves."""
+    low, high = x & 0xFFFF, (x >> 16) & 0xFFFF
+    return (low * constant + (((high * constant) & 0xFFFF) << 16)) & MASK32
+
+
+def uniform(seed32: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
+    """The draw in [0, 1) for generated token number `step` of the stream `seed32` (fp32, 24 bits)."""
+    mixed = (seed32.to(torch.int64) + _mul_mod32(step.to(torch.int64) & MASK32, GOLDEN_STEP)) & MASK32
+    return (hash32(mixed) >> 8).to(torch.float32) * (2.0**-24)
+
+
+class SamplingSettings(Protocol):
+    """What a row needs from a request's sampling parameters (runner SamplingParams fits)."""
+
+    temperature: float
+    top_p: float
+    top_k: int
+    presence_penalty: float
+    frequency_penalty: float
+    penalty_decay: float
+
+
+@dataclass(slots=True)
+class SamplingBatch:
+    """Per-row sampling settings as device tensors, one row per logits row."""
+
+    temperature: torch.Tensor  # f32 [R]; 0 = greedy
+    top_p: torch.Tensor  # f32 [R]
+    top_k: torch.Tensor  # i64 [R]; 0 = off
+    presence: torch.Tensor  # f32 [R]
+    frequency: torch.Tensor  # f32 [R]
+    decay: torch.Tensor  # f32 [R]
+    seed32: torch.Tensor  # i64 [R], values in [0, 2**32)
+    step: torch.Tensor  # i64 [R], the row's generated-token number
+
+    def __post_init__(self) -> None:
+        rows = self.temperature.shape
+        for name in ("top_p", "top_k", "presence", "frequency", "decay", "seed32", "step"):
+            if getattr(self, name).shape != rows:
+                raise ValueError(f"SamplingBatch.{name} has shape {tuple(getattr(self, name).shape)}, expected {tuple(rows)}")
+
+    @property
+    def rows(self) -> int:
+        return int(self.temperature.shape[0])
+
+    @classmethod
+    def from_params(
+        cls,
+        params: Sequence[SamplingSettings],
+        seed32s: Sequence[int],
+        steps: Sequence[int],
+        device: torch.device | str = "cpu",
+    ) -> SamplingBatch:
+        if not len(params) == len(seed32s) == len(steps):
+            raise ValueError(f"{len(params)} params, {len(seed32s)} seeds and {len(steps)} steps: one each per row")
+
+        def column(values: list[float] | list[int], dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(values, dtype=dtype, device=device)
+
+        return cls(
+            temperature=column([p.temperature for p in params], torch.float32),
+            top_p=column([p.top_p for p in params], torch.float32),
+            top_k=column([p.top_k for p in params], torch.int64),
+            presence=column([p.presence_penalty for p in params], torch.float32),
+            frequency=column([p.frequency_penalty for p in params], torch.float32),
+            decay=column([p.penalty_decay for p in params], torch.float32),
+            seed32=column([s & MASK32 for s in seed32s], torch.int64),
+            step=column(list(steps), torch.int64),
+        )
+
+
+class PenaltyPool:
+    """Per-slot additive logit penalties and the set of ids each slot has produced."""
+
+    def __init__(self, batch_size: int, vocab_size: int, device: torch.device | str = "cpu") -> None:
+        self.penalties = torch.zeros(batch_size, vocab_size, dtype=torch.float32, device=device)
+        self.seen = torch.zeros(batch_size, vocab_size, dtype=torch.bool, device=device)
+
+    def reset(self, slots: torch.Tensor | Sequence[int]) -> None:
+        index = torch.as_tensor(slots, dtype=torch.int64, device=self.penalties.device)
+        self.penalties[index] = 0.0
+        self.seen[index] = False
+
+    def update(self, slots: torch.Tensor, token_ids: torch.Tensor, batch: SamplingBatch) -> None:
+        """Step 5 of the definition for each (slot, sampled id); slots must be distinct."""
+        penalties = self.penalties[slots] * batch.decay[:, None]
+        first_use = ~self.seen[slots, token_ids]
+        bump = batch.frequency + torch.where(first_use, batch.presence, torch.zeros_like(batch.presence))
+        rows = torch.arange(slots.shape[0], device=slots.device)
+        penalties[rows, token_ids] += bump
+        self.penalties[slots] = penalties
+        self.seen[slots, token_ids] = True
+
+
+def kept_mask(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Step 3: which ids survive top_k and top_p, for rows of probabilities [R, V]."""
+    vocab = probs.shape[-1]
+    sorted_probs = torch.sort(probs, dim=-1, descending=True).values
+    k_index = (top_k.clamp(min=1, max=vocab) - 1)[:, None]
+    k_threshold = torch.where(top_k[:, None] > 0, sorted_probs.gather(-1, k_index), torch.zeros_like(k_index, dtype=probs.dtype))
+    reached = torch.cumsum(sorted_probs, dim=-1) >= top_p[:, None]
+    # first position where the cumulative sum reaches top_p; rows that never reach it keep everything
+    p_index = torch.where(reached.any(dim=-1), reached.to(torch.int8).argmax(dim=-1), vocab - 1)[:, None]
+    p_threshold = torch.where(top_p[:, None] < 1.0, sorted_probs.gather(-1, p_index), torch.zeros_like(k_threshold))
+    return probs >= torch.maximum(k_threshold, p_threshold)
+
+
+def sample(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    batch: SamplingBatch,
+    penalties: PenaltyPool,
+    update_penalties: bool = True,
+) -> torch.Tensor:
+    """One token id per row of `logits` [R, V] (fp32), row r using slot `slots[r]` and batch row r."""
+    if logits.dim() != 2 or logits.shape[0] != batch.rows or slots.shape != (batch.rows,):
+        raise ValueError(f"logits {tuple(logits.shape)}, slots {tuple(slots.shape)} and {batch.rows} batch rows disagree")
+    adjusted = logits.float() - penalties.penalties[slots]
+    greedy_ids = torch.argmax(adjusted, dim=-1)
+
+    greedy = batch.temperature <= 0
+    temperature = torch.where(greedy, torch.ones_like(batch.temperature), batch.temperature)
+    probs = torch.softmax(adjusted / temperature[:, None], dim=-1)
+    kept = torch.where(kept_mask(probs, batch.top_k, batch.top_p), probs, torch.zeros_like(probs))
+    cumulative = torch.cumsum(kept, dim=-1)
+    target = uniform(batch.seed32, batch.step) * cumulative[:, -1]
+    candidates = (cumulative >= target[:, None]) & (kept > 0)
+    sampled_ids = candidates.to(torch.int8).argmax(dim=-1)
+
+    token_ids = torch.where(greedy, greedy_ids, sampled_ids)
+    if update_penalties:
+        penalties.update(slots, token_ids, batch)
+    return token_ids
+
+
+@dataclass(slots=True)
+class TopLogprobs:
+    """log-softmax values of each row's chosen id and of its k most likely ids (descending)."""
+
+    chosen: torch.Tensor | None  # f32 [R]; None when no chosen ids were given
+    top_values: torch.Tensor  # f32 [R, k]
+    top_ids: torch.Tensor  # i64 [R, k]
+
+
+def top_logprobs(logits: torch.Tensor, k: int, chosen_ids: torch.Tensor | None = None) -> TopLogprobs:
+    """Log-probabilities for the API's `logprobs`: the model's distribution (before penalties and
+    temperature), the chosen id's value and the top k (k may be 0)."""
+    logprobs = torch.log_softmax(logits.float(), dim=-1)
+    top = torch.topk(logprobs, k=min(k, logprobs.shape[-1]), dim=-1)
+    chosen = None if chosen_ids is None else logprobs.gather(-1, chosen_ids.to(torch.int64)[:, None])[:, 0]
+    return TopLogprobs(chosen=chosen, top_values=top.values, top_ids=top.indices)
