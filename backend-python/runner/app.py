@@ -1,0 +1,108 @@
+"""The app factory: settings in, a FastAPI app out.
+
+Routes live in modules listed in ROUTE_MODULES. Each exposes `router` (an APIRouter) and may expose
+`install(app)` for hooks (e.g. the native batch handler). A listed module that does not exist yet
+is skipped; one that exists but fails to import is an error. Password checking, the body-size
+limit and CORS are middleware, so they cover every route, including ones added later.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.middleware.cors import CORSMiddleware
+
+from runner.auth import PasswordMiddleware
+from runner.backends import BACKENDS, BackendEntry, default_strategy
+from runner.context import AppContext, app_context
+from runner.errors import install_error_handlers
+from runner.limits import BodySizeLimitMiddleware
+from runner.metrics import ServerMetrics
+from runner.model_manager import ModelManager
+from runner.profile import RouteProfile, profiling_requested
+from runner.routes import static
+from runner.settings import ServerSettings
+
+log = logging.getLogger("runner.app")
+
+ROUTE_MODULES: tuple[str, ...] = (
+    "runner.routes.control",
+    "runner.routes.models",
+    "runner.routes.openai",
+    "runner.routes.embeddings",
+    "runner.routes.profile",
+    "runner.routes.metrics",
+    "runner.routes.native",
+    "runner.routes.state_sessions",
+)
+
+
+def _module_exists(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ImportError:
+        return False
+
+
+def include_route_modules(app: FastAPI, modules: Sequence[str]) -> list[str]:
+    included: list[str] = []
+    for name in modules:
+        if not _module_exists(name):
+            continue
+        module = importlib.import_module(name)
+        app.include_router(module.router)
+        install = getattr(module, "install", None)
+        if callable(install):
+            install(app)
+        included.append(name)
+    return included
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    ctx = app_context(app)
+    settings = ctx.settings
+    if settings.model_path:
+        strategy = settings.strategy or default_strategy(ctx.manager.registry)
+        log.info("loading %s with %r", settings.model_path, strategy)
+        await ctx.manager.switch(settings.model_path, strategy)  # a failure stops the server: fail loudly
+    try:
+        yield
+    finally:
+        await ctx.manager.shutdown()
+
+
+def create_app(
+    settings: ServerSettings,
+    registry: Sequence[BackendEntry] = BACKENDS,
+    route_modules: Sequence[str] = ROUTE_MODULES,
+) -> FastAPI:
+    app = FastAPI(title="RWKV-7 runner + Albatross", version="0.1.0", lifespan=lifespan)
+    app.state.context = AppContext(
+        settings=settings,
+        manager=ModelManager(settings, registry),
+        profile=RouteProfile(enabled=profiling_requested()),
+        metrics=ServerMetrics(),
+        deploy_mode=settings.deploy,
+    )
+    install_error_handlers(app)
+    app.state.route_modules = include_route_modules(app, route_modules)
+    static.install(app, settings)  # last: the GUI mount at / must not shadow API routes
+
+    # add_middleware wraps from the inside out: the last added runs first.
+    if settings.password:
+        app.add_middleware(PasswordMiddleware, password=settings.password, routes=lambda: app.router.routes)
+    app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    if settings.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors_origins),
+            allow_methods=["*"],
+            allow_headers=["*"],
+        )
+    return app

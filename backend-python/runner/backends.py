@@ -1,0 +1,96 @@
+"""The backend registry: which factory serves a strategy, chosen by the strategy's first word.
+
+The runner never imports a backend module up front; `load_factory` imports the one a strategy asks
+for when a model is loaded, so a backend whose dependencies are missing only fails when chosen.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from runner.interface import AbstractRWKV
+
+if TYPE_CHECKING:
+    from runner.settings import ServerSettings
+
+BackendFactory = Callable[[str, str, "ServerSettings"], AbstractRWKV]
+
+
+@dataclass(frozen=True, slots=True)
+class BackendEntry:
+    name: str
+    first_words: tuple[str, ...]  # lower-case first words of the strategies it serves
+    factory: str  # "module:function"
+    default_strategy: str
+
+    def __post_init__(self) -> None:
+        if ":" not in self.factory:
+            raise ValueError(f"factory must be 'module:function', got {self.factory!r}")
+
+    @property
+    def module_name(self) -> str:
+        return self.factory.partition(":")[0]
+
+
+class UnknownStrategy(ValueError):
+    pass
+
+
+class BackendLoadError(RuntimeError):
+    pass
+
+
+BACKENDS: tuple[BackendEntry, ...] = (
+    BackendEntry("albatross", ("albatross", "chirrup"), "albatross_engine.adapter:create_backend", "albatross workers=1 batch=32"),
+    BackendEntry("classic", ("cpu", "cuda"), "runner.classic_backend:create_backend", "cpu fp32"),
+)
+
+
+def first_word(strategy: str) -> str:
+    words = strategy.split()
+    return words[0].lower() if words else ""
+
+
+def known_first_words(registry: Sequence[BackendEntry] = BACKENDS) -> list[str]:
+    return [word for entry in registry for word in entry.first_words]
+
+
+def find_backend(strategy: str, registry: Sequence[BackendEntry] = BACKENDS) -> BackendEntry:
+    word = first_word(strategy)
+    for entry in registry:
+        if word in entry.first_words:
+            return entry
+    raise UnknownStrategy(
+        f"unknown strategy {strategy!r}: its first word must be one of {', '.join(known_first_words(registry))}"
+    )
+
+
+def is_importable(entry: BackendEntry) -> bool:
+    try:
+        return importlib.util.find_spec(entry.module_name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def default_strategy(registry: Sequence[BackendEntry] = BACKENDS) -> str:
+    """The first registered backend whose module exists (Albatross once it lands, else classic)."""
+    for entry in registry:
+        if is_importable(entry):
+            return entry.default_strategy
+    return registry[-1].default_strategy
+
+
+def load_factory(entry: BackendEntry) -> BackendFactory:
+    module_name, _, function_name = entry.factory.partition(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # any failure while importing a backend is a load error, not a crash
+        raise BackendLoadError(f"the {entry.name} backend cannot be imported ({module_name}): {exc}") from exc
+    factory = getattr(module, function_name, None)
+    if not callable(factory):
+        raise BackendLoadError(f"{entry.factory} is not a callable factory")
+    return factory  # type: ignore[no-any-return]

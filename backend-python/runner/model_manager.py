@@ -1,0 +1,162 @@
+"""Holds the loaded backend and switches it: one load at a time, in a worker thread.
+
+Status follows the runner: 0 offline, 2 loading, 3 working. A switch shuts the old backend down
+(threads stopped, device memory released) before the new one loads, because two large models
+rarely fit side by side.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+from collections.abc import AsyncIterator, Mapping, Sequence
+from enum import IntEnum
+from pathlib import Path
+from typing import Any
+
+from runner.backends import BACKENDS, BackendEntry, BackendLoadError, UnknownStrategy, find_backend, load_factory
+from runner.errors import ApiError
+from runner.interface import AbstractRWKV, SamplingDefaults
+from runner.settings import ServerSettings
+
+log = logging.getLogger("runner.model_manager")
+
+UNSUPPORTED_MODEL_SUFFIXES = (".gguf",)
+
+
+class ModelStatus(IntEnum):
+    OFFLINE = 0
+    LOADING = 2
+    WORKING = 3
+
+
+class SwitchInProgress(Exception):
+    """A load is already running (the route answers 304, as the runner does)."""
+
+
+class ModelManager:
+    def __init__(self, settings: ServerSettings, registry: Sequence[BackendEntry] = BACKENDS) -> None:
+        self.settings = settings
+        self.registry = registry
+        self.status = ModelStatus.OFFLINE
+        self.backend: AbstractRWKV | None = None
+        self.backend_entry: BackendEntry | None = None
+        self.strategy: str | None = None
+        self.model_path: str | None = None
+        self.completion_lock = asyncio.Lock()  # serialises requests of non-concurrent backends
+        self._config_overrides: dict[str, Any] = {}
+
+    # ---- loading -------------------------------------------------------------------------------
+
+    def resolve_model_path(self, model: str) -> Path:
+        """Absolute, or relative to --models-dir; `.pth` may be left off."""
+        if model.lower().endswith(UNSUPPORTED_MODEL_SUFFIXES):
+            raise ApiError(400, f"{Path(model).suffix} models are not supported; load an RWKV-7 .pth checkpoint", "model")
+        path = Path(model).expanduser()
+        if not path.is_absolute():
+            path = self.settings.models_dir / path
+        candidates = [path] if path.suffix == ".pth" else [path, path.with_name(path.name + ".pth")]
+        for candidate in candidates:
+            if candidate.is_file():
+                return candidate.resolve()
+        raise ApiError(404, f"model file not found: {candidates[-1]}", "model")
+
+    async def switch(self, model: str, strategy: str) -> None:
+        """Load `model` with `strategy` (an empty model unloads). Raises SwitchInProgress, ApiError."""
+        if self.status is ModelStatus.LOADING:
+            raise SwitchInProgress()
+        if not model:
+            await self.unload()
+            return
+        try:
+            entry = find_backend(strategy, self.registry)
+        except UnknownStrategy as exc:
+            raise ApiError(400, str(exc), "strategy") from exc
+        path = self.resolve_model_path(model)
+        self.status = ModelStatus.LOADING  # set before the first await: a concurrent switch sees it
+        try:
+            backend = await asyncio.to_thread(self._replace_backend, entry, str(path), strategy)
+        except BaseException as exc:
+            self._forget_backend()
+            reason = str(exc) or type(exc).__name__
+            log.exception("failed to load %s with %r", path, strategy)
+            raise ApiError(500, f"failed to load: {reason}") from exc
+        self.backend, self.backend_entry = backend, entry
+        self.strategy, self.model_path = strategy, str(path)
+        self.status = ModelStatus.WORKING
+        log.info("loaded %s with %r (%s backend)", path, strategy, entry.name)
+
+    def _replace_backend(self, entry: BackendEntry, path: str, strategy: str) -> AbstractRWKV:
+        """Runs in a worker thread: shut the old backend down, then build the new one."""
+        self._shutdown_current()
+        factory = load_factory(entry)
+        try:
+            return factory(path, strategy, self.settings)
+        except BackendLoadError:
+            raise
+        except Exception as exc:
+            raise BackendLoadError(str(exc) or type(exc).__name__) from exc
+
+    def _shutdown_current(self) -> None:
+        old = self.backend
+        self._forget_backend()
+        if old is not None:
+            try:
+                old.shutdown()
+            except Exception:
+                log.exception("shutting down the %s backend failed", old.backend_name)
+
+    def _forget_backend(self) -> None:
+        self.backend, self.backend_entry = None, None
+        self.strategy, self.model_path = None, None
+        self.status = ModelStatus.OFFLINE
+
+    async def unload(self) -> None:
+        if self.status is ModelStatus.LOADING:
+            raise SwitchInProgress()
+        if self.backend is not None:
+            await asyncio.to_thread(self._shutdown_current)
+        self._forget_backend()
+
+    # ---- serving -------------------------------------------------------------------------------
+
+    def require_backend(self) -> AbstractRWKV:
+        backend = self.backend
+        if backend is None or self.status is not ModelStatus.WORKING:
+            raise ApiError(503, "no model is loaded" if self.status is not ModelStatus.LOADING else "a model is loading")
+        return backend
+
+    @contextlib.asynccontextmanager
+    async def generation_turn(self, backend: AbstractRWKV) -> AsyncIterator[None]:
+        """Concurrent backends run at once; the others one request at a time, in arrival order."""
+        if backend.concurrent:
+            yield
+            return
+        async with self.completion_lock:
+            yield
+
+    # ---- sampling defaults ---------------------------------------------------------------------
+
+    @property
+    def config_overrides(self) -> Mapping[str, Any]:
+        return dict(self._config_overrides)
+
+    def update_config(self, values: Mapping[str, Any]) -> None:
+        known = {f.name for f in dataclasses.fields(SamplingDefaults)}
+        unknown = set(values) - known
+        if unknown:
+            raise ValueError(f"not sampling defaults: {sorted(unknown)}")
+        if "max_tokens" in values and values["max_tokens"] > self.settings.max_tokens:
+            raise ApiError(400, f"max_tokens {values['max_tokens']} exceeds the server cap of {self.settings.max_tokens} (--max-tokens)", "max_tokens")
+        self._config_overrides = {**self._config_overrides, **values}
+
+    def sampling_defaults(self, backend: AbstractRWKV | None = None) -> SamplingDefaults:
+        backend = backend or self.backend
+        base = backend.defaults if backend is not None else SamplingDefaults()
+        return dataclasses.replace(base, **self._config_overrides)
+
+    async def shutdown(self) -> None:
+        if self.backend is not None:
+            await asyncio.to_thread(self._shutdown_current)

@@ -1,0 +1,228 @@
+"""OpenAI chat and text completions on the loaded backend (the runner's routes).
+
+`make_chat_endpoint(ChatRouteConfig(...))` builds a chat route; a second chat route with other
+defaults (e.g. /openai/v1/chat/completions of the native module) is one more config, not a copy.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+
+from runner.context import AppContext, context
+from runner.errors import ApiError
+from runner.generation import ChoiceJob, ClientGone, GenerationDriver, collect, stream_events
+from runner.interface import END_OF_TEXT_TOKEN, AbstractRWKV, BackendError, GenerationRequest, SamplingParams, StateRef
+from runner.openai_format import OpenAIStreamFormatter, choice_payload, usage_payload
+from runner.prompts import DEFAULT_CHAT_STOPS, chat_prompt, stop_list
+from runner.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields, read_json_object, validate_body
+from runner.sse import sse_response
+
+router = APIRouter()
+
+Kind = Literal["chat", "text"]
+
+
+def runner_chat_prompt(body: ChatCompletionRequest) -> str:
+    messages: list[tuple[str, str | None]] = []
+    for i, message in enumerate(body.messages):
+        content = message.content
+        if isinstance(content, list):
+            texts: list[str] = []
+            for j, part in enumerate(content):
+                if part.type != "text" or part.text is None:
+                    raise ApiError(400, f"content parts of type {part.type!r} are not supported (text only)", f"messages.{i}.content.{j}.type")
+                texts.append(part.text)
+            content = "".join(texts)
+        messages.append((message.role, content))
+    return chat_prompt(messages)
+
+
+@dataclass(frozen=True, slots=True)
+class ChatRouteConfig:
+    """What differs between chat routes: defaults below the body, the template, the state."""
+
+    sampling_overrides: Mapping[str, Any] = field(default_factory=dict)  # over /update-config and the backend's
+    default_stops: tuple[str, ...] = DEFAULT_CHAT_STOPS
+    build_prompt: Callable[[ChatCompletionRequest], str] = runner_chat_prompt
+    state_for: Callable[[ChatCompletionRequest], StateRef | None] = lambda body: None
+    accept_native_batch: bool = True  # `contents` without `messages` goes to the native handler
+
+
+def sampling_for(ctx: AppContext, backend: AbstractRWKV, body: SamplingFields, max_tokens: int | None, stops: tuple[str, ...], overrides: Mapping[str, Any], logprobs: int | None) -> SamplingParams:
+    defaults = dataclasses.replace(ctx.manager.sampling_defaults(backend), **overrides)
+    cap = ctx.settings.max_tokens
+    chosen_max = defaults.max_tokens if max_tokens is None else max_tokens
+    if chosen_max > cap:
+        raise ApiError(400, f"max_tokens {chosen_max} exceeds the server cap of {cap} (--max-tokens)", "max_tokens")
+    stop_ids = tuple(body.stop_token_ids) if body.stop_token_ids is not None else (END_OF_TEXT_TOKEN,)
+
+    def pick(name: str) -> Any:
+        value = getattr(body, name)
+        return getattr(defaults, name) if value is None else value
+
+    try:
+        return SamplingParams(
+            max_tokens=chosen_max,
+            temperature=pick("temperature"),
+            top_p=pick("top_p"),
+            top_k=pick("top_k"),
+            presence_penalty=pick("presence_penalty"),
+            frequency_penalty=pick("frequency_penalty"),
+            penalty_decay=pick("penalty_decay"),
+            stop=stops,
+            stop_token_ids=stop_ids,
+            seed=body.seed,
+            logprobs=logprobs,
+        )
+    except ValueError as exc:
+        raise ApiError(422, str(exc)) from exc
+
+
+def encode_prompts(ctx: AppContext, backend: AbstractRWKV, prompts: Sequence[str]) -> list[list[int]]:
+    cap = ctx.settings.max_prompt_tokens
+    encoded: list[list[int]] = []
+    for prompt in prompts:
+        # An empty prompt starts a document from scratch: RWKV World documents begin after token 0.
+        tokens = backend.encode(prompt) if prompt else [END_OF_TEXT_TOKEN]
+        if len(tokens) > cap:
+            raise ApiError(400, f"the prompt has {len(tokens)} tokens, over the server cap of {cap} (--max-prompt-tokens)", "prompt")
+        encoded.append(tokens)
+    return encoded
+
+
+def build_jobs(prompts: list[list[int]], n: int, sampling: SamplingParams, request_id: str, state: StateRef | None) -> list[ChoiceJob]:
+    """Choice `p * n + j` is sample j of prompt p; sample j uses seed + j, so a seeded request
+    returns the same choices whatever else runs."""
+    jobs: list[ChoiceJob] = []
+    for p, tokens in enumerate(prompts):
+        for j in range(n):
+            seeded = sampling if sampling.seed is None or j == 0 else dataclasses.replace(sampling, seed=sampling.seed + j)
+            index = p * n + j
+            jobs.append(ChoiceJob(index, GenerationRequest(list(tokens), seeded, f"{request_id}-{index}", state)))
+    return jobs
+
+
+async def run_completion(
+    request: Request,
+    kind: Kind,
+    body: SamplingFields,
+    prompts: Sequence[str],
+    max_tokens: int | None,
+    stops: tuple[str, ...],
+    overrides: Mapping[str, Any],
+    logprobs: int | None,
+    state: StateRef | None = None,
+) -> Response:
+    ctx = context(request)
+    ctx.metrics.count_request(request.url.path)
+    try:
+        return await _run_completion(ctx, request, kind, body, prompts, max_tokens, stops, overrides, logprobs, state)
+    except (ApiError, BackendError) as exc:
+        ctx.metrics.count_error(exc.status_code)
+        raise
+
+
+async def _run_completion(
+    ctx: AppContext,
+    request: Request,
+    kind: Kind,
+    body: SamplingFields,
+    prompts: Sequence[str],
+    max_tokens: int | None,
+    stops: tuple[str, ...],
+    overrides: Mapping[str, Any],
+    logprobs: int | None,
+    state: StateRef | None,
+) -> Response:
+    if ctx.profile.enabled:
+        ctx.profile.requests += 1
+    unsupported = body.unsupported_field()
+    if unsupported is not None:
+        raise ApiError(400, f"{unsupported} is not supported by this server yet", unsupported)
+    stop_problem = body.stop_problem()
+    if stop_problem is not None:
+        raise ApiError(422, stop_problem, "stop")
+    choices = len(prompts) * body.n
+    if choices > ctx.settings.max_batch_items:
+        raise ApiError(400, f"{choices} choices exceed the server cap of {ctx.settings.max_batch_items} per request (--max-batch-items)", "n")
+    backend = ctx.manager.require_backend()
+    sampling = sampling_for(ctx, backend, body, max_tokens, stops, overrides, logprobs)
+    encoded = encode_prompts(ctx, backend, prompts)
+
+    prefix = "chatcmpl" if kind == "chat" else "cmpl"
+    response_id = f"{prefix}-{uuid.uuid4().hex}"
+    created = int(time.time())
+    model = body.model or backend.name
+    jobs = build_jobs(encoded, body.n, sampling, response_id, state)
+    driver = GenerationDriver(request, ctx.manager, backend, jobs, ctx.profile, ctx.metrics)
+
+    if body.stream:
+        try:
+            await driver.prime()
+        except BaseException:
+            await driver.aclose()
+            raise
+        include_usage = bool(body.stream_options and body.stream_options.include_usage)
+        formatter = OpenAIStreamFormatter(kind, response_id, created, model, [job.index for job in jobs], body.n, include_usage)
+        return sse_response(stream_events(driver, formatter))
+
+    try:
+        outcomes = await collect(driver, jobs)
+    except ClientGone:
+        raise ApiError(499, "the client closed the request before the reply was ready") from None
+    return JSONResponse(
+        {
+            "id": response_id,
+            "object": "chat.completion" if kind == "chat" else "text_completion",
+            "created": created,
+            "model": model,
+            "choices": [choice_payload(kind, outcome) for outcome in outcomes],
+            "usage": usage_payload(outcomes, body.n),
+        }
+    )
+
+
+def make_chat_endpoint(config: ChatRouteConfig) -> Callable[[Request], Awaitable[Response]]:
+    async def chat_completions(request: Request) -> Response:
+        payload = await read_json_object(request)
+        if config.accept_native_batch and "messages" not in payload and "contents" in payload:
+            handler = context(request).native_batch_handler
+            if handler is None:
+                raise ApiError(400, "native batch requests (`contents`) need the native routes, which this server does not include", "contents")
+            return await handler(request, payload)
+        body = validate_body(ChatCompletionRequest, payload, request.url.path)
+        if body.stream_options is not None and not body.stream:
+            raise ApiError(400, "stream_options is only allowed with stream: true", "stream_options")
+        logprobs = (body.top_logprobs or 0) if body.logprobs else None
+        max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
+        stops = stop_list(body.stop, config.default_stops)
+        prompt = config.build_prompt(body)
+        return await run_completion(request, "chat", body, [prompt], max_tokens, stops, config.sampling_overrides, logprobs, config.state_for(body))
+
+    return chat_completions
+
+
+async def completions(request: Request) -> Response:
+    body = validate_body(CompletionRequest, await read_json_object(request), request.url.path)
+    prompts = [body.prompt] if isinstance(body.prompt, str) else list(body.prompt)
+    if not prompts:
+        raise ApiError(422, "prompt: the list must hold at least one prompt", "prompt")
+    if body.stream_options is not None and not body.stream:
+        raise ApiError(400, "stream_options is only allowed with stream: true", "stream_options")
+    return await run_completion(request, "text", body, prompts, body.max_tokens, stop_list(body.stop), {}, body.logprobs)
+
+
+RUNNER_CHAT = ChatRouteConfig()
+_runner_chat = make_chat_endpoint(RUNNER_CHAT)
+for _path in ("/v1/chat/completions", "/chat/completions"):
+    router.add_api_route(_path, _runner_chat, methods=["POST"], name=f"chat{_path.replace('/', '_')}")
+for _path in ("/v1/completions", "/completions"):
+    router.add_api_route(_path, completions, methods=["POST"], name=f"text{_path.replace('/', '_')}")

@@ -1,0 +1,207 @@
+"""Request bodies of the runner's routes (pydantic). Invalid values fail validation (422 naming the
+field); unknown fields are kept in `model_extra` so routes can log them once and carry on."""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Any, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from starlette.requests import Request
+
+from runner.auth import JSON_BODY_STATE_KEY
+from runner.errors import ApiError, from_pydantic
+
+log = logging.getLogger("runner.schemas")
+
+MAX_STOP_STRINGS = 32
+BodyT = TypeVar("BodyT", bound=BaseModel)
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    password: str | None = None  # checked by the auth middleware; accepted on every body
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    include_usage: bool = False
+
+
+class ContentPart(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    text: str | None = None
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: str | list[ContentPart] | None = None
+    name: str | None = None
+
+
+class SamplingFields(_Body):
+    """Fields shared by chat and text completions; None means "use the defaults"."""
+
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=0)
+    temperature: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
+    top_p: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    top_k: int | None = Field(None, ge=0)
+    presence_penalty: float | None = Field(None, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(None, allow_inf_nan=False)
+    penalty_decay: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    stop: str | list[str] | None = Field(None)
+    stop_token_ids: list[int] | None = None
+    seed: int | None = None
+    n: int = Field(1, ge=1)
+    user: str | None = None
+    logit_bias: dict[str, float] | None = None
+
+    def stop_problem(self) -> str | None:
+        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
+        if any(s == "" for s in stops):
+            return "stop strings must not be empty"
+        if len(stops) > MAX_STOP_STRINGS:
+            return f"at most {MAX_STOP_STRINGS} stop strings"
+        return None
+
+    def unsupported_field(self) -> str | None:
+        """The first known OpenAI field that would change the result but is not supported."""
+        if self.logit_bias:
+            return "logit_bias"
+        return None
+
+
+class ChatCompletionRequest(SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_completion_tokens: int | None = Field(None, ge=0)
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=20)
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    response_format: dict[str, Any] | None = None
+    audio: Any = None
+    modalities: list[str] | None = None
+    prediction: Any = None
+
+    def unsupported_field(self) -> str | None:
+        if self.tools:
+            return "tools"
+        if self.tool_choice not in (None, "none", "auto"):
+            return "tool_choice"
+        if self.functions:
+            return "functions"
+        if self.function_call not in (None, "none", "auto"):
+            return "function_call"
+        if self.response_format is not None and self.response_format.get("type", "text") != "text":
+            return "response_format"
+        if self.audio is not None:
+            return "audio"
+        if self.modalities is not None and set(self.modalities) - {"text"}:
+            return "modalities"
+        if self.prediction is not None:
+            return "prediction"
+        return super().unsupported_field()
+
+
+class CompletionRequest(SamplingFields):
+    prompt: str | list[str] = Field()
+    logprobs: int | None = Field(None, ge=0, le=5)
+    echo: bool = False
+    suffix: str | None = None
+    best_of: int | None = Field(None, ge=1)
+
+    def unsupported_field(self) -> str | None:
+        if self.echo:
+            return "echo"
+        if self.suffix:
+            return "suffix"
+        if self.best_of is not None and self.best_of != self.n:
+            return "best_of"
+        return super().unsupported_field()
+
+
+class SwitchModelRequest(_Body):
+    model: str
+    strategy: str = ""
+    tokenizer: str | None = None
+    customCuda: bool | None = None  # noqa: N815 (the runner's spelling)
+    deploy: bool = False
+
+
+class UpdateConfigRequest(_Body):
+    max_tokens: int | None = Field(None, ge=0)
+    temperature: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
+    top_p: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    top_k: int | None = Field(None, ge=0)
+    presence_penalty: float | None = Field(None, allow_inf_nan=False)
+    frequency_penalty: float | None = Field(None, allow_inf_nan=False)
+    penalty_decay: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    global_penalty: bool | None = None
+    state: str | None = None
+
+    def sampling_values(self) -> dict[str, Any]:
+        names = ("max_tokens", "temperature", "top_p", "top_k", "presence_penalty", "frequency_penalty", "penalty_decay")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+
+class EmbeddingsRequest(_Body):
+    input: str | list[str]
+    model: str | None = None
+    encoding_format: Literal["float"] = "float"
+    dimensions: int | None = None
+    user: str | None = None
+
+
+_logged_unknown: set[tuple[str, str]] = set()
+_logged_lock = threading.Lock()
+
+
+def log_unknown_fields(body: BaseModel, route: str) -> None:
+    """Unknown fields are ignored; each name is logged once per route for the server's life."""
+    extra = body.model_extra
+    if not extra:
+        return
+    with _logged_lock:
+        fresh = [name for name in extra if (route, name) not in _logged_unknown]
+        _logged_unknown.update((route, name) for name in fresh)
+    if fresh:
+        log.info("ignoring unknown fields on %s: %s", route, ", ".join(sorted(fresh)))
+
+
+async def read_json_object(request: Request) -> dict[str, Any]:
+    """The body as a JSON object (reusing the auth middleware's parse when there was one)."""
+    cached = getattr(request.state, JSON_BODY_STATE_KEY, None)
+    if isinstance(cached, dict):
+        return cached
+    raw = await request.body()
+    if not raw.strip():
+        raise ApiError(400, "the request body is empty; send a JSON object")
+    try:
+        payload = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ApiError(400, f"invalid JSON in the request body: {exc}") from exc
+    if not isinstance(payload, dict):
+        raise ApiError(400, "the request body must be a JSON object")
+    return payload
+
+
+def validate_body(model: type[BodyT], payload: dict[str, Any], route: str) -> BodyT:
+    try:
+        body = model.model_validate(payload)
+    except ValidationError as exc:
+        raise from_pydantic(exc) from exc
+    log_unknown_fields(body, route)
+    return body
+
+
+async def parse_body(request: Request, model: type[BodyT]) -> BodyT:
+    return validate_body(model, await read_json_object(request), request.url.path)
