@@ -1,0 +1,104 @@
+/** Everything the person sets, kept in the browser (localStorage) between visits. */
+
+import type { Sampling } from "../api/streams";
+import type { KeyValueStore } from "../api/client";
+import { BATCH_RANGE, DEVICES, WORKERS_RANGE, type Device } from "./strategy";
+import { LANGUAGES, type Language } from "../i18n/strings";
+
+export const SETTINGS_KEY = "rwkv-webui.settings.v1";
+
+export interface Settings {
+  language: Language;
+  modelPath: string;
+  device: Device;
+  workers: number;
+  batch: number;
+  customCuda: boolean;
+  serverDefaults: Sampling;
+  chatSampling: Sampling;
+  completionSampling: Sampling;
+  completionPrompt: string;
+  batchCount: number;
+}
+
+/** The runner's own defaults (API.md), so an untouched form changes nothing. */
+export const RUNNER_SAMPLING: Sampling = {
+  max_tokens: 500,
+  temperature: 1.0,
+  top_p: 0.3,
+  top_k: 0,
+  presence_penalty: 0,
+  frequency_penalty: 1,
+  penalty_decay: 0.996,
+};
+
+export function defaultSettings(browserLanguage: string): Settings {
+  return {
+    language: languageFor(browserLanguage),
+    modelPath: "",
+    device: "albatross",
+    workers: WORKERS_RANGE.default,
+    batch: BATCH_RANGE.default,
+    customCuda: false,
+    serverDefaults: { ...RUNNER_SAMPLING },
+    chatSampling: { ...RUNNER_SAMPLING },
+    completionSampling: { ...RUNNER_SAMPLING, max_tokens: 100 },
+    completionPrompt: "User: Write a short poem about the sea.\n\nAssistant:",
+    batchCount: 8,
+  };
+}
+
+export function languageFor(browserLanguage: string): Language {
+  const lower = browserLanguage.toLowerCase();
+  if (lower.startsWith("zh")) return "zh";
+  if (lower.startsWith("ja")) return "ja";
+  return "en";
+}
+
+/** Stored values that are missing or of the wrong type fall back to the defaults, one by one. */
+export function loadSettings(store: KeyValueStore, browserLanguage: string): Settings {
+  const defaults = defaultSettings(browserLanguage);
+  let stored: Record<string, unknown>;
+  try {
+    const parsed: unknown = JSON.parse(store.getItem(SETTINGS_KEY) ?? "{}");
+    stored = typeof parsed === "object" && parsed !== null ? (parsed as Record<string, unknown>) : {};
+  } catch {
+    return defaults;
+  }
+  return {
+    language: oneOf(stored.language, LANGUAGES, defaults.language),
+    modelPath: typeof stored.modelPath === "string" ? stored.modelPath : defaults.modelPath,
+    device: oneOf(stored.device, DEVICES, defaults.device),
+    workers: integerIn(stored.workers, WORKERS_RANGE, defaults.workers),
+    batch: integerIn(stored.batch, BATCH_RANGE, defaults.batch),
+    customCuda: typeof stored.customCuda === "boolean" ? stored.customCuda : defaults.customCuda,
+    serverDefaults: samplingFrom(stored.serverDefaults, defaults.serverDefaults),
+    chatSampling: samplingFrom(stored.chatSampling, defaults.chatSampling),
+    completionSampling: samplingFrom(stored.completionSampling, defaults.completionSampling),
+    completionPrompt: typeof stored.completionPrompt === "string" ? stored.completionPrompt : defaults.completionPrompt,
+    batchCount: integerIn(stored.batchCount, { min: 1, max: 1000 }, defaults.batchCount),
+  };
+}
+
+export function saveSettings(store: KeyValueStore, settings: Settings): void {
+  store.setItem(SETTINGS_KEY, JSON.stringify(settings));
+}
+
+function samplingFrom(value: unknown, fallback: Sampling): Sampling {
+  if (typeof value !== "object" || value === null) return { ...fallback };
+  const record = value as Record<string, unknown>;
+  const result = { ...fallback };
+  for (const key of Object.keys(fallback) as (keyof Sampling)[]) {
+    const field = record[key];
+    if (typeof field === "number" && Number.isFinite(field)) result[key] = field;
+  }
+  return result;
+}
+
+function oneOf<T extends string>(value: unknown, allowed: readonly T[], fallback: T): T {
+  return allowed.includes(value as T) ? (value as T) : fallback;
+}
+
+function integerIn(value: unknown, range: { min: number; max: number }, fallback: number): number {
+  return typeof value === "number" && Number.isInteger(value) && value >= range.min && value <= range.max ? value : fallback;
+}
