@@ -1,0 +1,184 @@
+"""State sessions (rwkv_lightning API, see API.md): a conversation that continues a saved RWKV state
+(`/state/chat/completions`), immutable dialogue nodes that can branch (`/multi_state/...`), and
+listing / deleting saved states.
+
+The engine loads `StateRef.load_key` into the slot and, only after a turn that completed (stop or
+length), saves the final state under `save_key`; these routes choose the keys, keep one turn in
+flight per session, and reply only once the saved state is on disk.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from typing import Any
+
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+from runner.context import context
+from runner.errors import ApiError
+from runner.interface import StateRef
+from runner.native_batch import NativeSpec, run_native
+from runner.native_schemas import StateChatRequest, StateDeleteRequest, StateStatusRequest
+from runner.schemas import read_json_object, validate_body
+from runner.sessions import (
+    SessionBusy,
+    SessionReservations,
+    SessionStateStore,
+    dialogue_counter_name,
+    next_dialogue_index,
+    node_key,
+    session_store_of,
+)
+
+router = APIRouter()
+
+STATE_ID = "rwkv7-batch"
+MULTI_STATE_ID = "rwkv7-multi-state"
+PERSIST_TIMEOUT_S = 60.0
+PREFIX_CACHE_KEYS = "prefix:"
+CACHE_LEVELS = {"L1": "L1 (VRAM)", "L2": "L2 (RAM)", "L3": "Database (Disk)"}
+
+
+def install(app: FastAPI) -> None:
+    app.state.state_session_reservations = SessionReservations()
+    app.state.multi_state_reservations = SessionReservations()
+
+
+def _store(request: Request) -> SessionStateStore:
+    backend = context(request).manager.require_backend()
+    store = session_store_of(backend)
+    if store is None or not backend.concurrent:
+        raise ApiError(400, f"unsupported feature on this backend: state sessions need the albatross backend (loaded: {backend.backend_name})")
+    return store
+
+
+def _reserve(reservations: SessionReservations, key: str):  # -> SessionReservation
+    try:
+        return reservations.reserve(key)
+    except SessionBusy:
+        raise ApiError(409, f"session {key!r} already has a turn in flight; wait for it to finish", "session_id") from None
+
+
+def _single_prompt(body: StateChatRequest) -> tuple[str, str]:
+    if not body.session_id:
+        raise ApiError(400, "missing session_id", "session_id")
+    if len(body.contents) != 1:
+        raise ApiError(400, f"a state turn takes exactly one prompt in contents (got {len(body.contents)})", "contents")
+    return body.session_id, body.contents[0]
+
+
+def continued_prompt(prompt: str) -> str:
+    """A later turn starts on a new paragraph of the saved conversation."""
+    return prompt if prompt.startswith("\n\n") else "\n\n" + prompt
+
+
+async def _wait_on_disk(store: SessionStateStore, key: str) -> None:
+    if not await asyncio.to_thread(store.wait_persisted, key, PERSIST_TIMEOUT_S):
+        raise ApiError(500, f"the state of {key!r} was not written to disk within {PERSIST_TIMEOUT_S:.0f} s")
+
+
+@router.post("/state/chat/completions")
+async def state_chat(request: Request) -> Response:
+    body = validate_body(StateChatRequest, await read_json_object(request), request.url.path)
+    session_id, prompt = _single_prompt(body)
+    store = _store(request)
+    reservation = _reserve(request.app.state.state_session_reservations, session_id)
+    try:
+        continuing = await asyncio.to_thread(store.contains, session_id)
+    except BaseException:
+        reservation.release()
+        raise
+    state = StateRef(load_key=session_id if continuing else None, save_key=session_id)
+
+    async def saved() -> dict[str, Any] | None:
+        await _wait_on_disk(store, session_id)
+        return None
+
+    spec = NativeSpec([continued_prompt(prompt) if continuing else prompt], body.sampling(), body.model, STATE_ID, body.stream, body.chunk_size, state=state)
+    return await run_native(request, spec, after_success=saved, on_finish=reservation.release)
+
+
+@router.post("/multi_state/chat/completions")
+async def multi_state_chat(request: Request) -> Response:
+    payload = await read_json_object(request)
+    body = validate_body(StateChatRequest, payload, request.url.path)
+    session_id, prompt = _single_prompt(body)
+    if body.dialogue_idx is None:
+        raise ApiError(400, "missing dialogue_idx (0 starts from the empty root)", "dialogue_idx")
+    store = _store(request)
+    # One turn per session at a time, so node numbers follow each other without gaps.
+    reservation = _reserve(request.app.state.multi_state_reservations, session_id)
+    try:
+        parent = None if body.dialogue_idx == 0 else node_key(session_id, body.dialogue_idx)
+        if parent is not None and not await asyncio.to_thread(store.contains, parent):
+            raise ApiError(404, f"unknown dialogue node {parent!r}", "dialogue_idx")
+        number = await asyncio.to_thread(next_dialogue_index, store, session_id)
+    except BaseException:
+        reservation.release()
+        raise
+    node = node_key(session_id, number)
+
+    async def saved() -> dict[str, Any]:
+        await _wait_on_disk(store, node)
+        await asyncio.to_thread(store.raise_counter, dialogue_counter_name(session_id), number)
+        return {"dialogue_idx": number}
+
+    def stream_event(fields: dict[str, Any]) -> dict[str, Any]:
+        return {"object": "multi_state.dialogue_idx", "session_id": node, "dialogue_idx": fields["dialogue_idx"]}
+
+    text = prompt if parent is None else continued_prompt(prompt)
+    spec = NativeSpec([text], body.sampling(), body.model, MULTI_STATE_ID, body.stream, body.chunk_size, state=StateRef(load_key=parent, save_key=node))
+    return await run_native(request, spec, after_success=saved, stream_trailer=stream_event, on_finish=reservation.release)
+
+
+def _session_entry(key: str, tier: str, last_updated: float) -> dict[str, Any]:
+    return {
+        "session_id": key,
+        "cache_level": CACHE_LEVELS[tier],
+        "last_updated": datetime.fromtimestamp(last_updated).strftime("%Y-%m-%d %H:%M:%S"),
+        "timestamp": last_updated,
+    }
+
+
+@router.post("/state/status")
+async def state_status(request: Request) -> Response:
+    raw = await request.body()
+    if raw.strip():
+        validate_body(StateStatusRequest, await read_json_object(request), request.url.path)
+    store = _store(request)
+    entries = [e for e in await asyncio.to_thread(store.sessions) if not e.key.startswith(PREFIX_CACHE_KEYS)]
+    counts = {tier: sum(1 for e in entries if e.tier == tier) for tier in CACHE_LEVELS}
+    return JSONResponse(
+        {
+            "status": "success",
+            "total_sessions": len(entries),
+            "l1_cache_count": counts["L1"],
+            "l2_cache_count": counts["L2"],
+            "database_count": counts["L3"],
+            "sessions": [_session_entry(e.key, e.tier, e.last_updated) for e in entries],
+        }
+    )
+
+
+@router.post("/state/delete")
+async def state_delete(request: Request) -> Response:
+    body = validate_body(StateDeleteRequest, await read_json_object(request), request.url.path)
+    if not body.session_id:
+        raise ApiError(400, "missing session_id", "session_id")
+    if body.session_id.startswith(PREFIX_CACHE_KEYS):
+        raise ApiError(400, "prefix-cache entries are not sessions", "session_id")
+    store = _store(request)
+    session_id = body.session_id
+
+    def delete() -> list[str]:
+        removed = [session_id] if store.delete(session_id) else []
+        if body.delete_prefix:
+            removed += store.delete_prefix(f"{session_id}:")
+        return removed
+
+    removed = await asyncio.to_thread(delete)
+    if not removed:
+        return JSONResponse({"status": "not_found", "message": f"no saved state matches session {session_id!r}"}, status_code=404)
+    return JSONResponse({"status": "success", "message": f"deleted {len(removed)} state(s) of session {session_id!r}", "deleted": removed})
