@@ -172,6 +172,10 @@ def sample(
     greedy_ids = torch.argmax(adjusted, dim=-1)
 
     greedy = batch.temperature <= 0
+    if bool(greedy.all()):  # nothing to draw: skip the softmax and the sort over the vocabulary
+        if update_penalties:
+            penalties.update(slots, greedy_ids, batch)
+        return greedy_ids
     temperature = torch.where(greedy, torch.ones_like(batch.temperature), batch.temperature)
     probs = torch.softmax(adjusted / temperature[:, None], dim=-1)
     kept = torch.where(kept_mask(probs, batch.top_k, batch.top_p), probs, torch.zeros_like(probs))

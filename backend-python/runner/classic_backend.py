@@ -1,0 +1,280 @@
+"""The classic backend: one request at a time on the official `rwkv` package (RWKV-7 mode).
+
+Strategies `cpu fp32`, `cpu bf16`, `cuda fp16`, `cuda bf16`. It is the correctness baseline, not a
+fast path: the prompt goes through the package's forward in one call, then one forward per token.
+Sampling, penalties and seeds follow albatross.sampler (one row), text and stop strings
+albatross.detokenizer, so a request means the same here as on the Albatross backend.
+
+Usage: `prompt_tokens` is the prompt's length; `completion_tokens` counts every token the model
+produced for the request, including a stop token (an id in `stop_token_ids`) and the token that
+completed a stop string. Logprobs (when asked) are of the model's own distribution, before
+penalties and temperature.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import secrets
+import threading
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from albatross.detokenizer import TextStream
+from albatross.sampler import PenaltyPool, SamplingBatch, sample, seed_to_seed32, top_logprobs
+from albatross.tokenizer import Tokenizer, get_tokenizer
+from runner.interface import (
+    AbstractRWKV,
+    BackendError,
+    FinishReason,
+    GenerationEvent,
+    GenerationRequest,
+    SamplingDefaults,
+    TokenLogprob,
+)
+
+log = logging.getLogger(__name__)
+
+VALID_STRATEGIES: tuple[str, ...] = ("cpu fp32", "cpu bf16", "cuda fp16", "cuda bf16")
+_FINISHED = object()  # end-of-stream marker on the async queue
+
+
+def normalize_strategy(strategy: str) -> str:
+    """`"  CPU   fp32 "` -> `"cpu fp32"`; anything else is refused with the list of valid ones."""
+    normalized = " ".join(strategy.lower().split())
+    if normalized not in VALID_STRATEGIES:
+        raise ValueError(f"unsupported classic strategy {strategy!r}; valid strategies: {', '.join(VALID_STRATEGIES)}")
+    if normalized.startswith("cuda") and not torch.cuda.is_available():
+        raise ValueError(f"strategy {normalized!r} needs CUDA, which this machine does not have; use 'cpu fp32' or 'cpu bf16'")
+    return normalized
+
+
+def _rwkv7_model_class() -> Any:
+    """The package's RWKV-7 class. The package picks its model family when rwkv.model is first
+    imported, so RWKV_V7_ON must be set before that import."""
+    os.environ["RWKV_V7_ON"] = "1"
+    import rwkv.model
+
+    model_class = getattr(rwkv.model, "RWKV_x070", None)
+    if model_class is None:
+        raise RuntimeError("rwkv.model was imported without RWKV_V7_ON=1 earlier in this process; restart the server")
+    return model_class
+
+
+def _checkpoint_base(model_path: str | os.PathLike[str]) -> Path:
+    """The package appends `.pth` itself."""
+    path = Path(model_path)
+    base = path.with_suffix("") if path.suffix == ".pth" else path
+    if not base.with_name(base.name + ".pth").is_file():
+        raise FileNotFoundError(f"checkpoint not found: {base}.pth")
+    return base
+
+
+class ClassicRWKV(AbstractRWKV):
+    backend_name = "classic"
+    concurrent = False
+
+    def __init__(self, model_path: str | os.PathLike[str], strategy: str, tokenizer: Tokenizer | None = None) -> None:
+        self.strategy = normalize_strategy(strategy)
+        base = _checkpoint_base(model_path)
+        self.name = base.name
+        self.version = 7
+        self.tokenizer_len = 65536
+        self.defaults = SamplingDefaults()
+        self.device = torch.device("cuda" if self.strategy.startswith("cuda") else "cpu")
+        self.tokenizer = tokenizer or get_tokenizer()
+        self._model: Any = _rwkv7_model_class()(str(base), self.strategy)
+        self._model_lock = threading.Lock()  # one generation at a time, even if a caller forgets the runner's lock
+        self._aborts: set[threading.Event] = set()
+        self._aborts_lock = threading.Lock()
+
+    # ---- AbstractRWKV ---------------------------------------------------------------------------
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids)
+
+    def generate(self, request: GenerationRequest) -> Iterator[GenerationEvent]:
+        self._check(request)
+        return self._generate(request, threading.Event())
+
+    async def async_generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        """Runs the synchronous loop in a worker thread; closing this iterator aborts it."""
+        self._check(request)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        abort = threading.Event()
+
+        def deliver(item: object) -> None:
+            try:
+                loop.call_soon_threadsafe(queue.put_nowait, item)
+            except RuntimeError:  # the consumer's loop is closed: nobody listens any more
+                abort.set()
+
+        def produce() -> None:
+            try:
+                for event in self._generate(request, abort):
+                    deliver(event)
+            except BaseException as exc:  # delivered to the consumer, which re-raises it
+                deliver(exc)
+            finally:
+                deliver(_FINISHED)
+
+        worker = threading.Thread(target=produce, name=f"classic-generate-{request.request_id}", daemon=True)
+        worker.start()
+        try:
+            while True:
+                item = await queue.get()
+                if item is _FINISHED:
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                assert isinstance(item, GenerationEvent)
+                yield item
+        finally:
+            abort.set()
+
+    def status(self) -> dict[str, object]:
+        return {"strategy": self.strategy, "device": str(self.device)}
+
+    def shutdown(self) -> None:
+        with self._aborts_lock:
+            for abort in self._aborts:
+                abort.set()
+        # a generation notices the abort within one token; a stalled synchronous caller is not waited for
+        acquired = self._model_lock.acquire(timeout=30.0)
+        try:
+            self._model = None
+        finally:
+            if acquired:
+                self._model_lock.release()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    # ---- generation -----------------------------------------------------------------------------
+
+    def _check(self, request: GenerationRequest) -> None:
+        if request.state is not None:
+            raise BackendError(400, "state sessions need the albatross backend")
+        bad = [token_id for token_id in request.prompt_tokens if not 0 <= token_id < self.tokenizer_len]
+        if bad:
+            raise BackendError(400, f"prompt token ids must lie in [0, {self.tokenizer_len}); got {bad[:5]}")
+        if self._model is None:
+            raise BackendError(503, "the model has been shut down")
+
+    def _generate(self, request: GenerationRequest, abort: threading.Event) -> Iterator[GenerationEvent]:
+        with self._aborts_lock:
+            self._aborts.add(abort)
+        try:
+            with self._model_lock:
+                if self._model is None:
+                    raise BackendError(503, "the model has been shut down")
+                yield from self._generate_locked(request, abort)
+        finally:
+            with self._aborts_lock:
+                self._aborts.discard(abort)
+
+    def _generate_locked(self, request: GenerationRequest, abort: threading.Event) -> Iterator[GenerationEvent]:
+        sampling = request.sampling
+        prompt_tokens = len(request.prompt_tokens)
+        seed = sampling.seed if sampling.seed is not None else secrets.randbits(64)
+        batch = SamplingBatch.from_params([sampling], [seed_to_seed32(seed)], [0], device=self.device)
+        penalties = PenaltyPool(1, self.tokenizer_len, device=self.device)
+        slot = torch.zeros(1, dtype=torch.int64, device=self.device)
+        stream = TextStream(self.tokenizer, sampling.stop)
+        stop_ids = frozenset(sampling.stop_token_ids)
+
+        if sampling.max_tokens == 0:
+            yield GenerationEvent(finish_reason="length", prompt_tokens=prompt_tokens)
+            return
+        try:
+            logits, state = self._model.forward(list(request.prompt_tokens), self._zero_state())
+        except Exception as exc:
+            log.exception("classic prefill failed")
+            yield GenerationEvent(finish_reason="error", error=str(exc) or type(exc).__name__, prompt_tokens=prompt_tokens)
+            return
+
+        for step in range(sampling.max_tokens):
+            if abort.is_set():
+                yield GenerationEvent(finish_reason="abort", prompt_tokens=prompt_tokens, completion_tokens=step)
+                return
+            try:
+                row = logits.float().reshape(1, -1)
+                batch.step.fill_(step)
+                token_id = int(sample(row, slot, batch, penalties)[0])
+                logprobs = None if sampling.logprobs is None else [self._logprob(row, token_id, sampling.logprobs)]
+                if token_id in stop_ids:
+                    text = stream.flush()
+                    yield self._event(text, token_id, "stop", prompt_tokens, step + 1, logprobs)
+                    return
+                text, stopped = stream.push([token_id])
+                if stopped:
+                    yield self._event(text, token_id, "stop", prompt_tokens, step + 1, logprobs)
+                    return
+                if step + 1 == sampling.max_tokens:
+                    text += stream.flush()
+                    yield self._event(text, token_id, "stop" if stream.stopped else "length", prompt_tokens, step + 1, logprobs)
+                    return
+                yield self._event(text, token_id, None, prompt_tokens, step + 1, logprobs)
+                logits, state = self._model.forward([token_id], state)
+            except Exception as exc:
+                log.exception("classic generation failed at token %d", step)
+                yield GenerationEvent(
+                    finish_reason="error", error=str(exc) or type(exc).__name__, prompt_tokens=prompt_tokens, completion_tokens=step
+                )
+                return
+
+    def _zero_state(self) -> list[torch.Tensor]:
+        """The package's state layout (per layer: time-mix shift, WKV matrices, channel-mix shift),
+        built from this model's own dtype: the package's generate_zero_state reads module globals
+        that the most recently loaded model set."""
+        weights = self._model.z
+        dtype, device = weights["emb.weight"].dtype, weights["emb.weight"].device
+        n_embd, head_size = self._model.n_embd, self._model.head_size
+        state: list[torch.Tensor] = []
+        for _ in range(self._model.n_layer):
+            state.append(torch.zeros(n_embd, dtype=dtype, device=device))
+            state.append(torch.zeros(n_embd // head_size, head_size, head_size, dtype=torch.float32, device=device))
+            state.append(torch.zeros(n_embd, dtype=dtype, device=device))
+        return state
+
+    @staticmethod
+    def _event(
+        text: str,
+        token_id: int,
+        finish_reason: FinishReason | None,
+        prompt_tokens: int,
+        completion_tokens: int,
+        logprobs: list[TokenLogprob] | None,
+    ) -> GenerationEvent:
+        return GenerationEvent(
+            text=text,
+            token_ids=[token_id],
+            finish_reason=finish_reason,
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            logprobs=logprobs,
+        )
+
+    def _logprob(self, logits: torch.Tensor, token_id: int, top: int) -> TokenLogprob:
+        chosen = torch.tensor([token_id], device=logits.device)
+        result = top_logprobs(logits, top, chosen)
+        assert result.chosen is not None
+        top_pairs = zip(result.top_ids[0].tolist(), result.top_values[0].tolist())
+        return TokenLogprob(
+            token_id=token_id,
+            text=self.tokenizer.decode([token_id]),
+            logprob=float(result.chosen[0]),
+            top=[(top_id, self.tokenizer.decode([top_id]), value) for top_id, value in top_pairs],
+        )
+
+
+def create_backend(model_path: str | os.PathLike[str], strategy: str, settings: object = None) -> ClassicRWKV:
+    """The registry's factory for `cpu ...` / `cuda ...` strategies (settings are not needed)."""
+    return ClassicRWKV(model_path, strategy)
