@@ -78,7 +78,10 @@ class ModelManager:
         self.status = ModelStatus.LOADING  # set before the first await: a concurrent switch sees it
         try:
             backend = await asyncio.to_thread(self._replace_backend, entry, str(path), strategy)
-        except BaseException as exc:
+        except asyncio.CancelledError:
+            self._forget_backend()
+            raise
+        except Exception as exc:
             self._forget_backend()
             reason = str(exc) or type(exc).__name__
             log.exception("failed to load %s with %r", path, strategy)
@@ -100,8 +103,9 @@ class ModelManager:
             raise BackendLoadError(str(exc) or type(exc).__name__) from exc
 
     def _shutdown_current(self) -> None:
+        """Detach and shut down the serving backend; the status is the caller's business."""
         old = self.backend
-        self._forget_backend()
+        self.backend, self.backend_entry = None, None
         if old is not None:
             try:
                 old.shutdown()
@@ -117,6 +121,7 @@ class ModelManager:
         if self.status is ModelStatus.LOADING:
             raise SwitchInProgress()
         if self.backend is not None:
+            self.status = ModelStatus.OFFLINE  # requests arriving during the shutdown get 503
             await asyncio.to_thread(self._shutdown_current)
         self._forget_backend()
 
@@ -159,4 +164,6 @@ class ModelManager:
 
     async def shutdown(self) -> None:
         if self.backend is not None:
+            self.status = ModelStatus.OFFLINE
             await asyncio.to_thread(self._shutdown_current)
+        self._forget_backend()

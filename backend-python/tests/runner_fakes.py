@@ -7,10 +7,15 @@ test (one event per piece), so routes can be checked against exact token boundar
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import socket
+import threading
+import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
+import uvicorn
 from fastapi import FastAPI
 
 from runner.app import create_app
@@ -145,3 +150,27 @@ def sse_payloads(text: str) -> list[str]:
     events = [block for block in text.split("\n\n") if block.strip()]
     assert all(block.startswith("data: ") for block in events), f"not SSE events: {events!r}"
     return [block[len("data: ") :] for block in events]
+
+
+@contextlib.contextmanager
+def live_server(app: FastAPI) -> Iterator[str]:
+    """Serve `app` with uvicorn on a free local port in a thread; yields the base URL."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
+    thread.start()
+    try:
+        for _ in range(500):
+            if server.started:
+                break
+            if not thread.is_alive():
+                raise RuntimeError("the test server did not start")
+            time.sleep(0.01)
+        else:
+            raise RuntimeError("the test server did not start in time")
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)

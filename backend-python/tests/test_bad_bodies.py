@@ -1,0 +1,143 @@
+"""Bad request bodies get a 4xx JSON error naming the problem, and the server keeps serving."""
+
+from __future__ import annotations
+
+import json
+import socket
+from collections.abc import Iterator
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from runner_fakes import ScriptedBackend, live_server, make_app, settings_with
+
+CHAT = "/v1/chat/completions"
+HI = [{"role": "user", "content": "Hi"}]
+
+
+@pytest.fixture
+def client() -> Iterator[TestClient]:
+    with TestClient(make_app(backend=ScriptedBackend(["fine"]))) as test_client:
+        yield test_client
+
+
+def assert_error(response: httpx.Response, status: int, mentions: str) -> None:
+    assert response.status_code == status, f"expected {status}, got {response.status_code}: {response.text}"
+    error = response.json()["error"]
+    assert mentions in error["message"], f"{mentions!r} not named in {error['message']!r}"
+    assert error["code"] == status
+
+
+def assert_still_serving(client: TestClient) -> None:
+    reply = client.post(CHAT, json={"messages": HI})
+    assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] == "fine"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"messages": HI, "max_tokens": -1}, "max_tokens"),
+        ({"messages": HI, "max_tokens": "many"}, "max_tokens"),
+        ({"messages": HI, "top_p": 2}, "top_p"),
+        ({"messages": HI, "temperature": -0.5}, "temperature"),
+        ({"messages": HI, "top_k": -3}, "top_k"),
+        ({"messages": HI, "n": 0}, "n"),
+        ({"messages": HI, "stream": {"yes": True}}, "stream"),
+        ({"messages": HI, "stop": 7}, "stop"),
+        ({"messages": []}, "messages"),
+        ({"messages": "hello"}, "messages"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "messages.0.role"),
+        ({"messages": [{"content": "x"}]}, "messages.0.role"),
+    ],
+)
+def test_invalid_chat_fields_are_422_naming_the_field(client: TestClient, body: dict, field: str) -> None:
+    response = client.post(CHAT, json=body)
+    assert_error(response, 422, field)
+    assert_still_serving(client)
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"prompt": 5}, "prompt"),
+        ({}, "prompt"),
+        ({"prompt": "x", "penalty_decay": 1.5}, "penalty_decay"),
+        ({"prompt": "x", "stop": ""}, "stop"),
+        ({"prompt": "x", "logprobs": 9}, "logprobs"),
+    ],
+)
+def test_invalid_completion_fields_are_422_naming_the_field(client: TestClient, body: dict, field: str) -> None:
+    assert_error(client.post("/v1/completions", json=body), 422, field)
+
+
+@pytest.mark.parametrize("raw", [b"{not json", b"", b"[1, 2]", b"\xff\xfe", b"null"])
+def test_a_body_that_is_not_a_json_object_is_400(client: TestClient, raw: bytes) -> None:
+    response = client.post(CHAT, content=raw, headers={"Content-Type": "application/json"})
+    assert response.status_code == 400, response.text
+    assert response.json()["error"]["type"] == "invalid_request_error"
+    assert_still_serving(client)
+
+
+def test_update_config_and_switch_model_validate_their_fields(client: TestClient) -> None:
+    assert_error(client.post("/update-config", json={"top_p": 3}), 422, "top_p")
+    assert_error(client.post("/switch-model", json={"strategy": "cpu fp32"}), 422, "model")
+    assert_error(client.post("/switch-model", json={"model": "x.gguf", "strategy": "cpu fp32"}), 400, ".gguf")
+
+
+def test_an_unknown_route_is_a_404_json_error(client: TestClient) -> None:
+    response = client.get("/no/such/route")
+    assert response.status_code == 404 and response.json()["error"]["code"] == 404
+
+
+def read_http_reply(conn: socket.socket) -> str:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += conn.recv(65536)
+    head, _, body = data.partition(b"\r\n\r\n")
+    length = int(next(line.split(b":")[1] for line in head.split(b"\r\n") if line.lower().startswith(b"content-length")))
+    while len(body) < length:
+        chunk = conn.recv(65536)
+        if not chunk:
+            break
+        body += chunk
+    return (head + b"\r\n\r\n" + body).decode()
+
+
+def test_a_declared_10_mb_body_is_refused_before_it_is_read() -> None:
+    """The server answers 413 after the headers, while the client has sent none of the body."""
+    app = make_app(settings_with(max_body_bytes=4 * 1024 * 1024), ScriptedBackend(["fine"]))
+    with live_server(app) as base_url:
+        address = urlsplit(base_url)
+        with socket.create_connection((address.hostname, address.port), timeout=10) as conn:
+            head = f"POST {CHAT} HTTP/1.1\r\nHost: test\r\nContent-Type: application/json\r\nContent-Length: {10 * 1024 * 1024}\r\n\r\n"
+            conn.sendall(head.encode())
+            reply = read_http_reply(conn)
+        status_line, _, rest = reply.partition("\r\n")
+        assert " 413 " in status_line, reply
+        body = json.loads(rest.split("\r\n\r\n", 1)[1])
+        assert "--max-body-bytes" in body["error"]["message"]
+        assert httpx.post(base_url + CHAT, json={"messages": HI}).status_code == 200
+
+
+def test_a_streamed_10_mb_body_without_length_is_cut_off_at_the_limit() -> None:
+    app = make_app(settings_with(max_body_bytes=4 * 1024 * 1024), ScriptedBackend(["fine"]))
+    sent = 0
+
+    def chunks() -> Iterator[bytes]:
+        nonlocal sent
+        yield b'{"messages": [{"role": "user", "content": "'
+        for _ in range(10):
+            sent += 1024 * 1024
+            yield b"a" * (1024 * 1024)
+        yield b'"}]}'
+
+    with live_server(app) as base_url:
+        try:
+            response = httpx.post(base_url + CHAT, content=chunks(), headers={"Content-Type": "application/json"}, timeout=30)
+            assert response.status_code == 413, response.text
+            assert "--max-body-bytes" in response.json()["error"]["message"]
+        except (httpx.WriteError, httpx.RemoteProtocolError, httpx.ReadError):
+            pass  # the server may close the connection while the client is still writing: also a refusal
+        assert httpx.post(base_url + CHAT, json={"messages": HI}).status_code == 200

@@ -1,0 +1,171 @@
+"""Runner control routes over HTTP: status, switching, config, exit, model lists, embeddings,
+profile counters and Prometheus metrics."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from runner.context import app_context
+from runner_fakes import ScriptedBackend, install_backend, make_app, settings_with
+
+
+@pytest.fixture
+def models_dir(tmp_path: Path) -> Path:
+    (tmp_path / "alpha.pth").write_bytes(b"a" * 10)
+    (tmp_path / "nested").mkdir()
+    (tmp_path / "nested" / "beta.pth").write_bytes(b"b" * 20)
+    (tmp_path / "notes.txt").write_text("not a model")
+    return tmp_path
+
+
+@pytest.fixture
+def app(models_dir: Path) -> FastAPI:
+    return make_app(settings_with(models_dir=models_dir))
+
+
+@pytest.fixture
+def client(app: FastAPI) -> Iterator[TestClient]:
+    with TestClient(app) as test_client:
+        yield test_client
+
+
+def test_status_reports_offline_then_the_loaded_model_and_its_effective_values(client: TestClient) -> None:
+    offline = client.get("/status").json()
+    assert (offline["status"], offline["pid"], offline["backend"], offline["effective"]) == (0, os.getpid(), None, {})
+    assert client.post("/switch-model", json={"model": "alpha", "strategy": "fake"}).json() == "success"
+    working = client.get("/status").json()
+    assert (working["status"], working["backend"], working["strategy"], working["model"]) == (3, "scripted", "fake", "alpha")
+    assert working["effective"]["worker_num"] == 1 and working["effective"]["batch_size"] == 4
+    assert working["device_name"] == "CPU"
+
+
+def test_switch_model_unloads_with_an_empty_model(client: TestClient) -> None:
+    client.post("/switch-model", json={"model": "nested/beta.pth", "strategy": "fake"})
+    assert client.post("/switch-model", json={"model": "", "strategy": ""}).json() == "success"
+    assert client.get("/status").json()["status"] == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "mentions"),
+    [
+        ({"model": "alpha.gguf", "strategy": "fake"}, 400, ".gguf"),
+        ({"model": "alpha", "strategy": "tpu fp8"}, 400, "albatross, chirrup, cpu, cuda"),
+        ({"model": "missing", "strategy": "fake"}, 404, "missing"),
+        ({"model": "alpha", "strategy": "fake explode"}, 500, "failed to load: the scripted load failed"),
+    ],
+)
+def test_switch_model_errors(client: TestClient, body: dict, status: int, mentions: str) -> None:
+    response = client.post("/switch-model", json=body)
+    assert response.status_code == status and mentions in response.json()["error"]["message"]
+
+
+def test_switch_model_answers_304_while_a_load_is_in_progress(app: FastAPI, client: TestClient) -> None:
+    from runner.model_manager import ModelStatus
+
+    app_context(app).manager.status = ModelStatus.LOADING
+    response = client.post("/switch-model", json={"model": "alpha", "strategy": "fake"})
+    assert response.status_code == 304 and response.content == b""
+
+
+def test_deploy_mode_refuses_switch_and_exit(models_dir: Path) -> None:
+    with TestClient(make_app(settings_with(models_dir=models_dir, deploy=True))) as client:
+        assert client.post("/switch-model", json={"model": "alpha", "strategy": "fake"}).status_code == 403
+        assert client.post("/exit", json={}).status_code == 403
+
+
+def test_a_switch_with_deploy_true_turns_deploy_mode_on(client: TestClient) -> None:
+    assert client.post("/switch-model", json={"model": "alpha", "strategy": "fake", "deploy": True}).status_code == 200
+    assert client.post("/switch-model", json={"model": "alpha", "strategy": "fake"}).status_code == 403
+
+
+def test_exit_shuts_the_backend_down_and_asks_the_server_to_stop(app: FastAPI, client: TestClient) -> None:
+    backend = ScriptedBackend()
+    install_backend(app, backend)
+    stops: list[bool] = []
+    app_context(app).request_exit = lambda: stops.append(True)
+    assert client.post("/exit", json={}).json() == "success"
+    assert backend.shutdown_calls == 1 and stops == [True]
+    assert client.get("/status").json()["status"] == 0
+
+
+def test_update_config_refuses_what_it_cannot_apply(client: TestClient) -> None:
+    assert client.post("/update-config", json={"global_penalty": True}).json()["error"]["param"] == "global_penalty"
+    assert client.post("/update-config", json={"state": "some.state"}).json()["error"]["param"] == "state"
+    assert client.post("/update-config", json={"global_penalty": False, "top_k": 3}).json() == "success"
+
+
+def test_model_lists_show_the_loaded_checkpoint_stem(app: FastAPI, client: TestClient) -> None:
+    assert client.get("/v1/models").json() == {"object": "list", "data": []}
+    client.post("/switch-model", json={"model": "alpha", "strategy": "fake"})
+    for path in ("/v1/models", "/models", "/openai/v1/models"):
+        listing = client.get(path).json()
+        assert [(m["id"], m["object"]) for m in listing["data"]] == [("alpha", "model")], path
+        assert isinstance(listing["data"][0]["created"], int)
+    assert client.get("/v1/models/alpha").json()["id"] == "alpha"
+    assert client.get("/v1/models/other").status_code == 404
+
+
+def test_local_models_lists_checkpoints_under_the_models_dir(client: TestClient) -> None:
+    listing = client.get("/local-models").json()["models"]
+    assert listing == [
+        {"name": "alpha", "path": "alpha.pth", "size_bytes": 10},
+        {"name": "beta", "path": str(Path("nested") / "beta.pth"), "size_bytes": 20},
+    ]
+    for entry in listing:
+        assert client.post("/switch-model", json={"model": entry["path"], "strategy": "fake"}).status_code == 200
+
+
+def test_embeddings_report_a_backend_that_has_none_as_400(app: FastAPI, client: TestClient) -> None:
+    install_backend(app, ScriptedBackend())
+    for path in ("/v1/embeddings", "/embeddings", "/openai/v1/embeddings"):
+        response = client.post(path, json={"input": "hello"})
+        assert response.status_code == 400 and "does not support embeddings" in response.json()["error"]["message"]
+
+
+def test_embeddings_return_the_backend_vectors(app: FastAPI, client: TestClient) -> None:
+    backend = ScriptedBackend()
+    backend.get_embedding = lambda text: [float(len(text)), 0.5]  # type: ignore[method-assign]
+    install_backend(app, backend)
+    reply = client.post("/v1/embeddings", json={"input": ["ab", "abcd"]}).json()
+    assert [d["embedding"] for d in reply["data"]] == [[2.0, 0.5], [4.0, 0.5]]
+    assert reply["usage"] == {"prompt_tokens": 6, "total_tokens": 6}
+
+
+def test_profile_is_disabled_without_the_env_flag(client: TestClient) -> None:
+    assert client.get("/albatross/profile").json() == {"enabled": False}
+
+
+def test_profile_counts_requests_tokens_and_chunks_and_resets(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("ALBATROSS_PROFILE", "1")
+    with TestClient(make_app(backend=ScriptedBackend(["a", "b", "c"]))) as client:
+        client.post("/v1/completions", json={"prompt": "x"})
+        client.post("/v1/completions", json={"prompt": "x", "stream": True})
+        profile = client.get("/albatross/profile").json()
+        assert profile["enabled"] is True
+        assert (profile["requests"], profile["stream_requests"], profile["tokens"]) == (2, 1, 6)
+        assert profile["stream_chunks"] == 4 and profile["bytes"] > 0  # 3 deltas + the finish chunk
+        assert profile["engine_wait_ms"] >= 0.0
+        assert client.get("/albatross/profile", params={"reset": "true"}).json()["requests"] == 2
+        assert client.get("/albatross/profile").json()["requests"] == 0
+        client.post("/v1/completions", json={"prompt": "x"})
+        assert client.post("/albatross/profile/reset").json() == {"enabled": True, "reset": True}
+        assert client.get("/albatross/profile").json()["requests"] == 0
+
+
+def test_metrics_expose_counters_histograms_and_backend_gauges(app: FastAPI, client: TestClient) -> None:
+    install_backend(app, ScriptedBackend(["a", "b"]))
+    client.post("/v1/completions", json={"prompt": "xyz"})
+    client.post("/v1/completions", json={"prompt": "xyz", "max_tokens": 10**9})
+    text = client.get("/metrics").text
+    lines = set(text.splitlines())
+    assert 'rwkv_requests_total{route="/v1/completions"} 2' in lines
+    assert 'rwkv_request_errors_total{status="400"} 1' in lines
+    assert "rwkv_prompt_tokens_total 3" in lines and "rwkv_completion_tokens_total 2" in lines
+    assert "rwkv_time_to_first_token_seconds_count 1" in lines and "rwkv_inter_token_seconds_count 1" in lines
+    assert "rwkv_backend_batch_size 4" in lines and 'rwkv_backend_cache_hits{key="l1"} 2' in lines
