@@ -1,0 +1,338 @@
+// Batched sampler: one block per logits row, the exact definition of docs/architecture.md.
+//
+// Every reduction is deterministic (fixed thread ownership, shuffle trees, fixed-order sums), so
+// the same inputs give the same ids run after run. Thresholds are found without sorting:
+//  - top_k: radix select on the bit pattern of p (non-negative floats order like their bits),
+//    8 bits per pass with integer counts;
+//  - top_p: the largest value t with mass(p >= t) >= top_p, 4 bits per pass with per-thread mass
+//    histograms (register accumulators, so no float atomics and no order dependence).
+// The draw walks kept mass in id order: each thread owns a contiguous id range, a block scan gives
+// range offsets, and the one range where the cumulative mass reaches u * total is walked serially.
+
+#include "common.cuh"
+
+namespace albatross {
+namespace {
+
+constexpr int THREADS = 1024;
+constexpr int WARPS = THREADS / 32;
+
+struct RowParams {
+  const float* temperature;
+  const float* top_p;
+  const int64_t* top_k;
+  const float* presence;
+  const float* frequency;
+  const float* decay;
+  const int64_t* seed32;
+  const int64_t* step;
+};
+
+__device__ __forceinline__ uint32_t hash32(uint32_t x) {
+  x = ((x >> 16) ^ x) * 0x45d9f3bu;
+  x = ((x >> 16) ^ x) * 0x45d9f3bu;
+  return (x >> 16) ^ x;
+}
+
+__device__ __forceinline__ float uniform01(int64_t seed32, int64_t step) {
+  const uint32_t mixed = static_cast<uint32_t>(seed32) + static_cast<uint32_t>(step) * 0x9E3779B9u;
+  return static_cast<float>(hash32(mixed) >> 8) * 5.9604644775390625e-08f;  // 2**-24
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
+}
+
+// Sum over the block in a fixed order; every thread gets the result.
+__device__ float block_sum(float v, float* scratch) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by a previous call
+  if (lane == 0) scratch[warp] = v;
+  __syncthreads();
+  v = lane < WARPS ? scratch[lane] : 0.f;
+  return warp_sum(v);
+}
+
+// Row context shared by every pass: p(e) = exp(l(e)/T - mx) / Z with l = logit - penalty.
+struct Row {
+  const float* logits;
+  const float* penalty;
+  int vocab;
+  float temperature, mx, sum;
+  __device__ __forceinline__ float adjusted(int e) const { return logits[e] - penalty[e]; }
+  __device__ __forceinline__ float prob(int e) const { return expf(adjusted(e) / temperature - mx) / sum; }
+};
+
+// k-th largest p (1-based k), by 8-bit radix select on the float bits.
+__device__ float kth_largest(const Row& row, int k, int* hist, int* shared_int) {
+  uint32_t prefix = 0, mask = 0;
+  int remaining = k;
+  for (int shift = 24; shift >= 0; shift -= 8) {
+    for (int b = threadIdx.x; b < 256; b += THREADS) hist[b] = 0;
+    __syncthreads();
+    for (int e = threadIdx.x; e < row.vocab; e += THREADS) {
+      const uint32_t bits = __float_as_uint(row.prob(e));
+      if ((bits & mask) == prefix) atomicAdd(&hist[(bits >> shift) & 255u], 1);
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int bin = 0;
+      for (int b = 255; b >= 0; --b) {
+        if (hist[b] >= remaining) { bin = b; break; }
+        remaining -= hist[b];
+      }
+      shared_int[0] = bin;
+      shared_int[1] = remaining;
+    }
+    __syncthreads();
+    prefix |= static_cast<uint32_t>(shared_int[0]) << shift;
+    mask |= 255u << shift;
+    remaining = shared_int[1];
+  }
+  return __uint_as_float(prefix);
+}
+
+// Largest value t with mass(p >= t) >= top_p (the p at which the descending cumulative sum first
+// reaches top_p); the smallest positive p when rounding keeps the total below top_p.
+__device__ float top_p_threshold(const Row& row, float top_p, float (*bin_mass)[16], float* mass16, float* shared_f,
+                                 int* shared_int) {
+  uint32_t prefix = 0, mask = 0;
+  float above = 0.f;  // mass of values whose bits exceed the current prefix range
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int shift = 28; shift >= 0; shift -= 4) {
+    float acc[16];
+#pragma unroll
+    for (int b = 0; b < 16; ++b) acc[b] = 0.f;
+    for (int e = threadIdx.x; e < row.vocab; e += THREADS) {
+      const float p = row.prob(e);
+      const uint32_t bits = __float_as_uint(p);
+      if ((bits & mask) == prefix) {
+        const uint32_t digit = (bits >> shift) & 15u;
+#pragma unroll
+        for (int b = 0; b < 16; ++b) acc[b] += digit == static_cast<uint32_t>(b) ? p : 0.f;
+      }
+    }
+#pragma unroll
+    for (int b = 0; b < 16; ++b) {
+      const float s = warp_sum(acc[b]);
+      if (lane == 0) bin_mass[warp][b] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x < 16) {
+      float s = 0.f;
+      for (int w = 0; w < WARPS; ++w) s += bin_mass[w][threadIdx.x];
+      mass16[threadIdx.x] = s;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      int chosen = -1, last_nonzero = -1;
+      float acc_above = above, above_last = above;
+      for (int b = 15; b >= 0; --b) {
+        if (mass16[b] <= 0.f) continue;
+        last_nonzero = b;
+        above_last = acc_above;
+        if (acc_above + mass16[b] >= top_p) { chosen = b; break; }
+        acc_above += mass16[b];
+      }
+      if (chosen < 0) chosen = last_nonzero;
+      shared_int[0] = chosen < 0 ? 0 : chosen;
+      shared_f[0] = chosen < 0 ? above : above_last;
+    }
+    __syncthreads();
+    prefix |= static_cast<uint32_t>(shared_int[0]) << shift;
+    mask |= 15u << shift;
+    above = shared_f[0];
+    __syncthreads();
+  }
+  return __uint_as_float(prefix);
+}
+
+__global__ void __launch_bounds__(THREADS) sample_kernel(const float* __restrict__ logits, const int64_t logits_stride,
+                                                         const int64_t* __restrict__ slots, const RowParams params,
+                                                         float* __restrict__ penalties, bool* __restrict__ seen,
+                                                         const int vocab, const bool update, int64_t* __restrict__ out) {
+  const int row_index = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int64_t slot = slots[row_index];
+  __shared__ float scratch[WARPS];
+  __shared__ float bin_mass[WARPS][16];
+  __shared__ float mass16[16];
+  __shared__ int hist[256];
+  __shared__ int shared_int[2];
+  __shared__ float shared_f[2];
+  __shared__ float warp_best[WARPS];
+  __shared__ int warp_best_id[WARPS];
+  __shared__ int chosen_thread;
+  __shared__ int64_t token;
+
+  Row row;
+  row.logits = logits + row_index * logits_stride;
+  row.penalty = penalties + slot * vocab;
+  row.vocab = vocab;
+
+  // Pass 1: max of l and its lowest id (strided ownership: each thread sees ids in ascending order).
+  float best = -INFINITY;
+  int best_id = INT_MAX;
+  for (int e = tid; e < vocab; e += THREADS) {
+    const float l = row.adjusted(e);
+    if (l > best) { best = l; best_id = e; }
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) {
+    const float other = __shfl_xor_sync(0xffffffffu, best, o);
+    const int other_id = __shfl_xor_sync(0xffffffffu, best_id, o);
+    if (other > best || (other == best && other_id < best_id)) { best = other; best_id = other_id; }
+  }
+  if (lane == 0) { warp_best[warp] = best; warp_best_id[warp] = best_id; }
+  __syncthreads();
+  if (tid == 0) {
+    float b = warp_best[0];
+    int id = warp_best_id[0];
+    for (int w = 1; w < WARPS; ++w)
+      if (warp_best[w] > b || (warp_best[w] == b && warp_best_id[w] < id)) { b = warp_best[w]; id = warp_best_id[w]; }
+    warp_best[0] = b;
+    warp_best_id[0] = id == INT_MAX ? 0 : id;
+  }
+  __syncthreads();
+  const float temperature = params.temperature[row_index];
+
+  if (temperature <= 0.f) {
+    if (tid == 0) token = warp_best_id[0];
+  } else {
+    row.temperature = temperature;
+    row.mx = warp_best[0] / temperature;  // rounding is monotone, so this is the max of l / T
+    row.sum = 1.f;
+    float partial = 0.f;
+    for (int e = tid; e < vocab; e += THREADS) partial += expf(row.adjusted(e) / temperature - row.mx);
+    row.sum = block_sum(partial, scratch);
+
+    float threshold = 0.f;
+    const int64_t top_k = params.top_k[row_index];
+    if (top_k > 0 && top_k < vocab) threshold = kth_largest(row, static_cast<int>(top_k), hist, shared_int);
+    const float top_p = params.top_p[row_index];
+    if (top_p < 1.f) threshold = fmaxf(threshold, top_p_threshold(row, top_p, bin_mass, mass16, shared_f, shared_int));
+
+    // Kept mass of this thread's contiguous id range, then an exclusive scan over threads.
+    const int per = (vocab + THREADS - 1) / THREADS;
+    const int lo = min(tid * per, vocab), hi = min(lo + per, vocab);
+    float local = 0.f;
+    for (int e = lo; e < hi; ++e) {
+      const float p = row.prob(e);
+      if (p >= threshold) local += p;
+    }
+    float incl = local;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const float other = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += other;
+    }
+    __syncthreads();
+    if (lane == 31) scratch[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+      float w = scratch[lane];
+#pragma unroll
+      for (int o = 1; o < 32; o <<= 1) {
+        const float other = __shfl_up_sync(0xffffffffu, w, o);
+        if (lane >= o) w += other;
+      }
+      scratch[lane] = w;  // inclusive warp offsets
+    }
+    if (tid == 0) chosen_thread = INT_MAX;
+    __syncthreads();
+    const float warp_offset = warp > 0 ? scratch[warp - 1] : 0.f;
+    const float total = scratch[WARPS - 1];
+    const float excl = warp_offset + incl - local;
+    const float target = uniform01(params.seed32[row_index], params.step[row_index]) * total;
+    if (local > 0.f && excl + local >= target) atomicMin(&chosen_thread, tid);
+    __syncthreads();
+    if (tid == chosen_thread) {
+      float cumulative = excl;
+      int pick = -1, last_kept = -1;
+      for (int e = lo; e < hi; ++e) {
+        const float p = row.prob(e);
+        if (p < threshold || p <= 0.f) continue;
+        cumulative += p;
+        last_kept = e;
+        if (cumulative >= target) { pick = e; break; }
+      }
+      token = pick >= 0 ? pick : last_kept;  // rounding between the two summations: stay in range
+    }
+    if (tid == 0 && chosen_thread == INT_MAX) token = warp_best_id[0];  // no positive mass at all
+  }
+  __syncthreads();
+
+  if (update) {
+    float* pen = penalties + slot * vocab;
+    const float decay = params.decay[row_index];
+    for (int e = tid; e < vocab; e += THREADS) pen[e] *= decay;
+    __syncthreads();
+    if (tid == 0) {
+      bool* seen_row = seen + slot * vocab;
+      const float bump = params.frequency[row_index] + (seen_row[token] ? 0.f : params.presence[row_index]);
+      pen[token] += bump;
+      seen_row[token] = true;
+    }
+  }
+  if (tid == 0) out[row_index] = token;
+}
+
+at::Tensor sample_cuda(const at::Tensor& logits, const at::Tensor& slots, const at::Tensor& temperature,
+                       const at::Tensor& top_p, const at::Tensor& top_k, const at::Tensor& presence,
+                       const at::Tensor& frequency, const at::Tensor& decay, const at::Tensor& seed32,
+                       const at::Tensor& step, at::Tensor penalties, at::Tensor seen, bool update_penalties) {
+  check_cuda(logits, "logits");
+  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.stride(1) == 1,
+              "logits must be float32 [rows, vocab] with unit stride along vocab");
+  const int64_t R = logits.size(0), V = logits.size(1);
+  TORCH_CHECK(V > 0 && V <= INT_MAX / 2, "vocab size out of range");
+  check_cuda(penalties, "penalties");
+  check_cuda(seen, "seen");
+  TORCH_CHECK(penalties.dim() == 2 && penalties.size(1) == V && penalties.scalar_type() == at::kFloat &&
+                  penalties.is_contiguous(),
+              "penalties must be contiguous float32 [slots, vocab]");
+  TORCH_CHECK(seen.sizes() == penalties.sizes() && seen.scalar_type() == at::kBool && seen.is_contiguous(),
+              "seen must be contiguous bool with the penalties' shape");
+  const std::pair<const at::Tensor*, at::ScalarType> columns[9] = {
+      {&slots, at::kLong},     {&temperature, at::kFloat}, {&top_p, at::kFloat},
+      {&top_k, at::kLong},     {&presence, at::kFloat},    {&frequency, at::kFloat},
+      {&decay, at::kFloat},    {&seed32, at::kLong},       {&step, at::kLong}};
+  const char* names[9] = {"slots", "temperature", "top_p", "top_k", "presence", "frequency", "decay", "seed32", "step"};
+  for (int q = 0; q < 9; ++q) {
+    const at::Tensor& t = *columns[q].first;
+    check_cuda(t, names[q]);
+    TORCH_CHECK(t.dim() == 1 && t.size(0) == R && t.is_contiguous() && t.scalar_type() == columns[q].second, names[q],
+                " must be a contiguous ", columns[q].second, " vector of length ", R);
+  }
+  const c10::cuda::CUDAGuard guard(logits.device());
+  at::Tensor out = at::empty({R}, logits.options().dtype(at::kLong));
+  if (R == 0) return out;
+  RowParams params{temperature.data_ptr<float>(), top_p.data_ptr<float>(), top_k.data_ptr<int64_t>(),
+                   presence.data_ptr<float>(),    frequency.data_ptr<float>(), decay.data_ptr<float>(),
+                   seed32.data_ptr<int64_t>(),    step.data_ptr<int64_t>()};
+  sample_kernel<<<static_cast<unsigned>(R), THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
+      logits.data_ptr<float>(), logits.stride(0), slots.data_ptr<int64_t>(), params, penalties.data_ptr<float>(),
+      seen.data_ptr<bool>(), static_cast<int>(V), update_penalties, out.data_ptr<int64_t>());
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return out;
+}
+
+}  // namespace
+}  // namespace albatross
+
+TORCH_LIBRARY_FRAGMENT(albatross, m) {
+  m.def(
+      "sample(Tensor logits, Tensor slots, Tensor temperature, Tensor top_p, Tensor top_k, Tensor presence, "
+      "Tensor frequency, Tensor decay, Tensor seed32, Tensor step, Tensor(a!) penalties, Tensor(b!) seen, "
+      "bool update_penalties) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(albatross, CUDA, m) { m.impl("sample", &albatross::sample_cuda); }

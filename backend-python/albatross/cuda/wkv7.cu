@@ -1,0 +1,182 @@
+// RWKV-7 WKV recurrence over state slots (decode rows and prefill chunks in one launch).
+//
+// One block per (slot, head), one thread per state row (value index i). A thread keeps its row of
+// 64 key entries in registers for the whole chunk, so the two row reductions of a step (S @ a and
+// S @ r) are thread-local and a step needs a single barrier (double-buffered per-token vectors).
+// The state tile is staged through shared memory so that global loads and stores are coalesced.
+// Per token:  S = S * exp(-exp(w))[None, :] + (S @ a)[:, None] * b[None, :] + v[:, None] * k[None, :]
+//             y = S @ r
+// Math is fp32; the state is stored as fp32 (default) or 16-bit, the activations in any float type.
+
+#include "common.cuh"
+
+namespace albatross {
+namespace {
+
+constexpr int N = 64;  // head size
+
+template <typename act_t>
+struct WkvInputs {
+  const act_t* ptr[6];  // r, w, k, v, a, b
+  int64_t stride[6];    // row strides (elements)
+};
+
+template <typename state_t>
+__device__ __forceinline__ void load_tile(const state_t* __restrict__ src, float (*tile)[N + 1]) {
+  constexpr int VEC = 16 / sizeof(state_t);
+  const uint4* vsrc = reinterpret_cast<const uint4*>(src);
+#pragma unroll 4
+  for (int c = threadIdx.x; c < N * N / VEC; c += N) {
+    uint4 raw = __ldcs(vsrc + c);  // streamed: each slot's state is touched once per launch
+    const state_t* vals = reinterpret_cast<const state_t*>(&raw);
+    const int row = (c * VEC) / N, col = (c * VEC) % N;
+#pragma unroll
+    for (int q = 0; q < VEC; ++q) tile[row][col + q] = to_float(vals[q]);
+  }
+}
+
+template <typename state_t>
+__device__ __forceinline__ void store_tile(state_t* __restrict__ dst, float (*tile)[N + 1]) {
+  constexpr int VEC = 16 / sizeof(state_t);
+  uint4* vdst = reinterpret_cast<uint4*>(dst);
+#pragma unroll 4
+  for (int c = threadIdx.x; c < N * N / VEC; c += N) {
+    uint4 raw;
+    state_t* vals = reinterpret_cast<state_t*>(&raw);
+    const int row = (c * VEC) / N, col = (c * VEC) % N;
+#pragma unroll
+    for (int q = 0; q < VEC; ++q) vals[q] = from_float<state_t>(tile[row][col + q]);
+    __stcs(vdst + c, raw);
+  }
+}
+
+template <typename act_t, typename state_t>
+__global__ void __launch_bounds__(N) wkv7_kernel(state_t* __restrict__ state, const int* __restrict__ slot_idx,
+                                                 const int* __restrict__ cu_seqlens, const WkvInputs<act_t> in,
+                                                 act_t* __restrict__ y, const int64_t y_stride, const int H) {
+  const int s = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
+  const int t0 = cu_seqlens[s], t1 = cu_seqlens[s + 1];
+  if (t1 <= t0) return;
+  state_t* S = state + ((int64_t)slot_idx[s] * H + h) * (N * N);
+
+  __shared__ float tile[N][N + 1];                 // +1: row reads by different threads hit different banks
+  __shared__ __align__(16) float vec[2][5][N];     // per token: r, decay, k, a, b (double-buffered)
+
+  load_tile(S, tile);
+  __syncthreads();
+  float st[N];
+#pragma unroll
+  for (int j = 0; j < N; ++j) st[j] = tile[i][j];
+
+  const int col = h * N + i;
+  auto fetch = [&](int t, float* out) {
+#pragma unroll
+    for (int q = 0; q < 6; ++q) out[q] = to_float(in.ptr[q][(int64_t)t * in.stride[q] + col]);
+  };
+  float next[6];
+  fetch(t0, next);
+  int buf = 0;
+  for (int t = t0; t < t1; ++t) {
+    vec[buf][0][i] = next[0];
+    vec[buf][1][i] = expf(-expf(next[1]));
+    vec[buf][2][i] = next[2];
+    vec[buf][3][i] = next[4];
+    vec[buf][4][i] = next[5];
+    const float vi = next[3];
+    if (t + 1 < t1) fetch(t + 1, next);  // in flight while this token computes
+    __syncthreads();
+
+    const float4* R = reinterpret_cast<const float4*>(vec[buf][0]);
+    const float4* D = reinterpret_cast<const float4*>(vec[buf][1]);
+    const float4* K = reinterpret_cast<const float4*>(vec[buf][2]);
+    const float4* A = reinterpret_cast<const float4*>(vec[buf][3]);
+    const float4* B = reinterpret_cast<const float4*>(vec[buf][4]);
+    float sa[4] = {0.f, 0.f, 0.f, 0.f};  // four partial sums: shorter dependency chains
+#pragma unroll
+    for (int j = 0; j < N / 4; ++j) {
+      const float4 av = A[j];
+      sa[0] = fmaf(st[4 * j + 0], av.x, sa[0]);
+      sa[1] = fmaf(st[4 * j + 1], av.y, sa[1]);
+      sa[2] = fmaf(st[4 * j + 2], av.z, sa[2]);
+      sa[3] = fmaf(st[4 * j + 3], av.w, sa[3]);
+    }
+    const float sav = (sa[0] + sa[1]) + (sa[2] + sa[3]);
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int j = 0; j < N / 4; ++j) {
+      const float4 dv = D[j], bv = B[j], kv = K[j], rv = R[j];
+      st[4 * j + 0] = st[4 * j + 0] * dv.x + sav * bv.x + vi * kv.x;
+      st[4 * j + 1] = st[4 * j + 1] * dv.y + sav * bv.y + vi * kv.y;
+      st[4 * j + 2] = st[4 * j + 2] * dv.z + sav * bv.z + vi * kv.z;
+      st[4 * j + 3] = st[4 * j + 3] * dv.w + sav * bv.w + vi * kv.w;
+      acc[0] = fmaf(st[4 * j + 0], rv.x, acc[0]);
+      acc[1] = fmaf(st[4 * j + 1], rv.y, acc[1]);
+      acc[2] = fmaf(st[4 * j + 2], rv.z, acc[2]);
+      acc[3] = fmaf(st[4 * j + 3], rv.w, acc[3]);
+    }
+    y[(int64_t)t * y_stride + col] = from_float<act_t>((acc[0] + acc[1]) + (acc[2] + acc[3]));
+    buf ^= 1;
+  }
+
+#pragma unroll
+  for (int j = 0; j < N; ++j) tile[i][j] = st[j];  // own row only: no barrier needed before
+  __syncthreads();
+  store_tile(S, tile);
+}
+
+at::Tensor wkv7_cuda(at::Tensor state, const at::Tensor& slot_idx, const at::Tensor& cu_seqlens, const at::Tensor& r,
+                     const at::Tensor& w, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
+                     const at::Tensor& b) {
+  check_cuda(state, "state");
+  TORCH_CHECK(state.dim() == 4 && state.size(2) == N && state.size(3) == N,
+              "state must be [slots, heads, 64, 64], got ", state.sizes());
+  TORCH_CHECK(state.is_contiguous(), "state must be contiguous");
+  const int64_t H = state.size(1), C = H * N, T = r.size(0);
+  const at::Tensor* inputs[6] = {&r, &w, &k, &v, &a, &b};
+  const char* names[6] = {"r", "w", "k", "v", "a", "b"};
+  for (int q = 0; q < 6; ++q) {
+    check_rows(*inputs[q], names[q], T, C);
+    TORCH_CHECK(inputs[q]->scalar_type() == r.scalar_type(), names[q], " must have r's dtype ", r.scalar_type());
+    TORCH_CHECK(inputs[q]->device() == state.device(), names[q], " must be on the state's device");
+  }
+  check_cuda(slot_idx, "slot_idx");
+  check_cuda(cu_seqlens, "cu_seqlens");
+  TORCH_CHECK(slot_idx.scalar_type() == at::kInt && slot_idx.dim() == 1 && slot_idx.is_contiguous(),
+              "slot_idx must be a contiguous int32 vector");
+  const int64_t S = slot_idx.size(0);
+  TORCH_CHECK(cu_seqlens.scalar_type() == at::kInt && cu_seqlens.dim() == 1 && cu_seqlens.size(0) == S + 1 &&
+                  cu_seqlens.is_contiguous(),
+              "cu_seqlens must be a contiguous int32 vector of length len(slot_idx) + 1");
+  TORCH_CHECK(S <= INT_MAX && H <= 65535, "too many slots or heads for one launch");
+
+  const c10::cuda::CUDAGuard guard(state.device());
+  at::Tensor y = at::empty({T, C}, r.options());
+  if (S == 0 || T == 0) return y;
+  const dim3 grid(static_cast<unsigned>(S), static_cast<unsigned>(H));
+  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  ALBATROSS_DISPATCH_FLOAT(r.scalar_type(), act_t, "activations", [&] {
+    ALBATROSS_DISPATCH_FLOAT(state.scalar_type(), state_t, "state", [&] {
+      WkvInputs<act_t> in;
+      for (int q = 0; q < 6; ++q) {
+        in.ptr[q] = reinterpret_cast<const act_t*>(inputs[q]->data_ptr());
+        in.stride[q] = inputs[q]->stride(0);
+      }
+      wkv7_kernel<act_t, state_t><<<grid, N, 0, stream>>>(
+          reinterpret_cast<state_t*>(state.data_ptr()), slot_idx.data_ptr<int>(), cu_seqlens.data_ptr<int>(), in,
+          reinterpret_cast<act_t*>(y.data_ptr()), y.stride(0), static_cast<int>(H));
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  });
+  return y;
+}
+
+}  // namespace
+}  // namespace albatross
+
+TORCH_LIBRARY_FRAGMENT(albatross, m) {
+  m.def(
+      "wkv7(Tensor(a!) state, Tensor slot_idx, Tensor cu_seqlens, Tensor r, Tensor w, Tensor k, Tensor v, Tensor a, "
+      "Tensor b) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(albatross, CUDA, m) { m.impl("wkv7", &albatross::wkv7_cuda); }

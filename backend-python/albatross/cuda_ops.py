@@ -1,0 +1,92 @@
+"""Python faces of the CUDA kernels, and the switch that plugs them into `albatross.ops`.
+
+`enable_cuda_kernels()` loads the kernel libraries (kernel_loader's order: prebuilt, JIT, none)
+and registers the CUDA WKV op with `ops.register_cuda_ops`; it is idempotent and does nothing
+without a GPU. `sample(...)` has the signature of `albatross.sampler.sample` and runs the CUDA
+sampler kernel when its inputs are on a GPU and the kernel is loaded, else the torch sampler.
+Both ops are TORCH_LIBRARY ops (`torch.ops.albatross.*`): no host syncs, capturable in CUDA graphs.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import torch
+
+from albatross import kernel_loader, ops, sampler
+
+log = logging.getLogger("albatross.kernels")
+
+_enabled: dict[str, kernel_loader.LoadResult] | None = None
+
+
+def enable_cuda_kernels(manifest_path: Path = kernel_loader.DEFAULT_MANIFEST, allow_jit: bool = True) -> dict[str, kernel_loader.LoadResult]:
+    """Load the kernels once per process and route `ops.wkv7` on CUDA tensors to them."""
+    global _enabled
+    if _enabled is not None:
+        return _enabled
+    results = kernel_loader.load_kernels(manifest_path=manifest_path, allow_jit=allow_jit)
+    summary = "; ".join(result.describe() for result in results.values())
+    log.info("albatross kernels loaded: %s", summary)
+    if results["wkv7"].how in ("prebuilt", "jit"):
+        ops.register_cuda_ops(wkv7=wkv7_cuda)
+    _enabled = results
+    return results
+
+
+def cuda_sampler_available() -> bool:
+    return _enabled is not None and _enabled["sampler"].how in ("prebuilt", "jit")
+
+
+def wkv7_cuda(
+    state: torch.Tensor,
+    slot_idx: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    r: torch.Tensor,
+    w: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+) -> torch.Tensor:
+    """The WKV op of docs/architecture.md on the GPU (state fp32, fp16 or bf16; updated in place)."""
+    return torch.ops.albatross.wkv7(state, slot_idx, cu_seqlens, r, w, k, v, a, b)
+
+
+def sample_cuda(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    batch: sampler.SamplingBatch,
+    penalties: sampler.PenaltyPool,
+    update_penalties: bool = True,
+) -> torch.Tensor:
+    """The sampler kernel: same arguments and result as `albatross.sampler.sample`."""
+    return torch.ops.albatross.sample(
+        logits.float(),
+        slots.to(torch.int64),
+        batch.temperature,
+        batch.top_p,
+        batch.top_k,
+        batch.presence,
+        batch.frequency,
+        batch.decay,
+        batch.seed32,
+        batch.step,
+        penalties.penalties,
+        penalties.seen,
+        update_penalties,
+    )
+
+
+def sample(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    batch: sampler.SamplingBatch,
+    penalties: sampler.PenaltyPool,
+    update_penalties: bool = True,
+) -> torch.Tensor:
+    """`albatross.sampler.sample`, on the CUDA kernel when it applies."""
+    if logits.is_cuda and cuda_sampler_available():
+        return sample_cuda(logits, slots, batch, penalties, update_penalties)
+    return sampler.sample(logits, slots, batch, penalties, update_penalties)
