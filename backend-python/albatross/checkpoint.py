@@ -19,7 +19,6 @@ _BLOCK_KEY = re.compile(r"^blocks\.(\d+)\.")
 
 # Per block, in the order the checks run, so the error names the first bad key of a file.
 _ATT_VECTORS = ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g")
-_OPTIONAL_BLOCK0_KEYS = ("att.v0", "att.v1", "att.v2")  # some files carry unused ones in block 0
 
 # Fingerprint sampling: tensors up to this many elements are hashed whole, larger ones by their
 # first and last stretch. Every matrix of a 7.2B model is sampled, so hashing reads ~10 MB.
