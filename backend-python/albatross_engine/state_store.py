@@ -98,3 +98,33 @@ def _clone(state: SlotState) -> SlotState:
     if callable(clone):
         return clone()
     return copy.deepcopy(state)
+
+
+class PromptEndIndex:
+    """Lengths of prompts whose end state was saved, newest last (bounded). A prompt's end is
+    rarely a multiple of the boundary, so lookups also try these lengths: a conversation's next
+    prompt usually extends the previous one."""
+
+    def __init__(self, capacity: int = 4096) -> None:
+        self._lengths: dict[int, None] = {}
+        self._capacity = capacity
+        self._lock = threading.Lock()
+
+    def add(self, length: int) -> None:
+        with self._lock:
+            self._lengths.pop(length, None)
+            self._lengths[length] = None
+            while len(self._lengths) > self._capacity:
+                del self._lengths[next(iter(self._lengths))]
+
+    def below(self, limit: int) -> list[int]:
+        with self._lock:
+            return [length for length in self._lengths if length < limit]
+
+
+def prefix_lookup_lengths(prompt_len: int, known_ends: list[int], boundary: int = PREFIX_BOUNDARY_TOKENS) -> list[int]:
+    """Prefix lengths worth looking up for a prompt, longest first. A full-prompt hit is useless
+    (the first sample needs the last prompt token's logits), so every length is below `prompt_len`."""
+    lengths = set(range(boundary, prompt_len, boundary))
+    lengths.update(length for length in known_ends if 0 < length < prompt_len)
+    return sorted(lengths, reverse=True)

@@ -13,7 +13,8 @@ import queue
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Union
 
-from runner.interface import FinishReason, GenerationEvent, SamplingParams, StateRef
+from albatross_engine.state_store import PrefixHasher
+from runner.interface import FinishReason, GenerationEvent, SamplingParams
 
 if TYPE_CHECKING:
     from albatross.detokenizer import TextStream
@@ -74,15 +75,20 @@ class EventOutbox:
         batch.append((channel.queue, item))
         self._channels_by_loop[channel.loop].append(channel)
 
-    def flush(self) -> None:
+    def flush(self) -> bool:
+        """Deliver everything; True when some caller's loop turned out to be closed (its channels
+        are marked `closed`, so the worker aborts their tasks)."""
+        closed = False
         for loop, batch in self._by_loop.items():
             try:
                 loop.call_soon_threadsafe(_deliver, batch)
-            except RuntimeError:  # the caller's loop was closed: mark its channels so their tasks abort
+            except RuntimeError:
+                closed = True
                 for channel in self._channels_by_loop[loop]:
                     channel.closed = True
         self._by_loop.clear()
         self._channels_by_loop.clear()
+        return closed
 
 
 def send_now(channel: EventChannel, item: EventItem) -> None:
@@ -94,15 +100,17 @@ def send_now(channel: EventChannel, item: EventItem) -> None:
 
 @dataclass(slots=True, eq=False)
 class EngineTask:
-    """One request's progress. Fields before `slot` are fixed at submit; the rest belong to the
-    worker thread that owns the task (the core only sets `abort_requested`)."""
+    """One request's progress. Fields up to `worker_index` are fixed at submit (the core sets
+    `abort_requested` and `worker_index`); the rest belong to the worker thread that owns the task."""
 
     prompt_tokens: list[int]
     sampling: SamplingParams
     seed: int  # the request's seed, or one drawn at submit
     channel: EventChannel
     request_id: str = ""
-    state_ref: StateRef | None = None
+    load_key: str | None = None  # start from this saved state
+    save_key: str | None = None  # save the final state of a completed run here
+    use_prefix_cache: bool = False  # resume from / checkpoint prompt prefixes (zero-state prompts only)
     task_id: int = field(default_factory=lambda: next(_task_ids))
     abort_requested: bool = False
     worker_index: int = -1
@@ -115,17 +123,21 @@ class EngineTask:
     sampled: int = 0  # tokens sampled by issued steps
     fed: int = 0  # generated tokens fed back as model inputs by issued steps
     last_sample_row: int = -1  # row of this task's newest sample in the last issued step's ids
+    seed32: int = 0
+    prefix_hasher: PrefixHasher | None = None  # keys of the prompt's prefix checkpoints
 
     # Host side: what has been processed and sent to the caller.
     completion_tokens: int = 0
     finish_reason: FinishReason | None = None
-    error: str | None = None
-    final_feed_pending: bool = False  # finished, but its last token must still be fed before a state save
+    final_feed_pending: bool = False  # finished, but its last token must be fed before the state is saved
+    held_event: GenerationEvent | None = None  # the final event, sent once the state is saved
     text_stream: TextStream | None = None
 
     def __post_init__(self) -> None:
         if self.sampling.max_tokens > 0 and not self.prompt_tokens:
             raise ValueError("generating needs at least one prompt token")
+        if self.use_prefix_cache and self.load_key is not None:
+            raise ValueError("prefix caching applies to prompts fed from a zero state, not to a loaded state")
 
     @property
     def prompt_len(self) -> int:
@@ -138,18 +150,6 @@ class EngineTask:
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
-
-    @property
-    def use_prefix_cache(self) -> bool:
-        return self.state_ref is not None and self.state_ref.use_prefix_cache
-
-    @property
-    def save_key(self) -> str | None:
-        return None if self.state_ref is None else self.state_ref.save_key
-
-    @property
-    def load_key(self) -> str | None:
-        return None if self.state_ref is None else self.state_ref.load_key
 
     def wants_sample(self) -> bool:
         """Whether an issued step may still sample a token for this task."""

@@ -4,16 +4,17 @@ from __future__ import annotations
 
 from albatross_engine.scheduler import RowKind, Scheduler
 from albatross_engine.tasks import EngineTask, SyncChannel
-from runner.interface import SamplingParams, StateRef
+from runner.interface import SamplingParams
 
 
-def make_task(prompt_len: int, max_tokens: int = 8, state: StateRef | None = None) -> EngineTask:
+def make_task(prompt_len: int, max_tokens: int = 8, save_key: str | None = None, prefix_cache: bool = False) -> EngineTask:
     return EngineTask(
         prompt_tokens=list(range(1, prompt_len + 1)),
         sampling=SamplingParams(max_tokens=max_tokens),
         seed=1,
         channel=SyncChannel(),
-        state_ref=state,
+        save_key=save_key,
+        use_prefix_cache=prefix_cache,
     )
 
 
@@ -72,7 +73,7 @@ def test_the_prefill_budget_is_shared_oldest_admission_first() -> None:
 
 def test_prefix_cache_chunks_end_at_boundaries_and_at_the_prompt_end() -> None:
     scheduler = Scheduler(batch_size=1, prefill_chunk=1000, prefill_budget=1000, prefix_boundary=256)
-    task = make_task(600, state=StateRef(use_prefix_cache=True))
+    task = make_task(600, prefix_cache=True)
     scheduler.add(task)
     scheduler.admit()
     rows = [r for _ in range(3) for r in scheduler.plan().rows]
@@ -85,7 +86,7 @@ def test_prefix_cache_chunks_end_at_boundaries_and_at_the_prompt_end() -> None:
 
 def test_a_task_at_max_tokens_is_not_decoded_again_but_fed_once_when_its_state_is_saved() -> None:
     scheduler = Scheduler(batch_size=2)
-    plain, saving = make_task(2, max_tokens=1), make_task(2, max_tokens=1, state=StateRef(save_key="s"))
+    plain, saving = make_task(2, max_tokens=1), make_task(2, max_tokens=1, save_key="s")
     for task in (plain, saving):
         scheduler.add(task)
     scheduler.admit()
@@ -107,7 +108,7 @@ def test_max_tokens_zero_feeds_the_prompt_without_sampling() -> None:
 
 def test_a_finished_task_waiting_for_its_final_feed_gets_exactly_one_feed_row() -> None:
     scheduler = Scheduler(batch_size=1)
-    task = make_task(2, max_tokens=5, state=StateRef(save_key="s"))
+    task = make_task(2, max_tokens=5, save_key="s")
     scheduler.add(task)
     scheduler.admit()
     scheduler.plan()

@@ -1,0 +1,316 @@
+"""`AlbatrossRWKV`: the runner's AbstractRWKV on top of the continuous-batching engine.
+
+This is the only module that knows the runner's interface. The runner finds it through
+`runner/backends.py` and calls `create_backend(model_path, strategy, settings)`.
+
+Model specs: a checkpoint path (`.pth` optional), or `random:<shape>[:<seed>]` for random weights
+of a named shape (`albatross.random_checkpoint.NAMED_SHAPES`: tiny, 0.1b, ..., 7.2b) or of
+`<layers>x<width>` (e.g. `random:2x128`), built directly on each worker's device. Benchmarks may
+instead pass `model=` an already-built RWKV7 (one worker, on that model's device).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from albatross.model import RWKV7
+from albatross.random_checkpoint import NAMED_SHAPES, CheckpointShape, random_state_dict
+from albatross.tokenizer import Tokenizer, get_tokenizer
+from albatross_engine.config import AlbatrossBackendConfig, config_field_names, parse_albatross_strategy
+from albatross_engine.core import INIT_ERROR_PREFIX, AsyncEngineCore
+from albatross_engine.state_store import PromptEndIndex, StateStore
+from albatross_engine.tasks import AsyncChannel, EngineTask, EventChannel, SyncChannel
+from albatross_engine.worker import ModelLoader, Worker
+from runner.interface import AbstractRWKV, BackendError, GenerationEvent, GenerationRequest, SamplingDefaults
+
+if TYPE_CHECKING:
+    from runner.settings import ServerSettings
+
+logger = logging.getLogger(__name__)
+
+RANDOM_MODEL_PREFIX = "random:"
+INIT_TIMEOUT_SECONDS = 300.0
+StateStoreFactory = Callable[[str, torch.device], StateStore]  # (model fingerprint, device) -> store
+
+
+class AlbatrossRWKV(AbstractRWKV):
+    version = 7
+    tokenizer_len = 65536
+    backend_name = "albatross"
+    concurrent = True
+    defaults = SamplingDefaults()
+
+    def __init__(
+        self,
+        model_path: str,
+        worker_num: int = 1,
+        batch_size: int = 32,
+        tokenizer: Tokenizer | str | Path | None = None,
+        *,
+        state_store: StateStore | None = None,
+        state_store_factory: StateStoreFactory | None = None,
+        settings: ServerSettings | None = None,
+        model: RWKV7 | None = None,
+        init_timeout: float = INIT_TIMEOUT_SECONDS,
+        **extras: Any,
+    ) -> None:
+        unknown = set(extras) - set(config_field_names())
+        if unknown:
+            raise TypeError(f"unknown albatross options {sorted(unknown)}; known: {', '.join(config_field_names())}")
+        self.config = AlbatrossBackendConfig(worker_num=worker_num, batch_size=batch_size, **extras)
+        self.settings = settings
+        self.model_path = model_path
+        self.name = model.name if model is not None else _model_name(model_path)
+        self.tokenizer = _resolve_tokenizer(tokenizer)
+        self.state_store = state_store
+        self._state_store_factory = state_store_factory
+        self._owns_store = False
+        self.fingerprint: str | None = None
+        self.devices = _worker_devices(self.config, model)
+        loader = _prebuilt_loader(model) if model is not None else _model_loader(model_path, self.config.dtype)
+        self._core: AsyncEngineCore | None = None
+        self._init_engine(loader, init_timeout)
+
+    # ---------------------------------------------------------------------------- engine lifecycle
+
+    def _init_engine(self, loader: ModelLoader, timeout: float) -> None:
+        prompt_ends = PromptEndIndex()
+        workers = [
+            Worker(i, device, loader, self.config, self.tokenizer, prompt_ends) for i, device in enumerate(self.devices)
+        ]
+        core = AsyncEngineCore(workers)
+        try:
+            core.start(timeout, on_ready=lambda: self._attach_state_store(workers))
+        except RuntimeError as error:
+            message = str(error)
+            raise RuntimeError(message if message.startswith(INIT_ERROR_PREFIX) else f"{INIT_ERROR_PREFIX}: {message}") from error
+        self._core = core
+        logger.info(
+            "Albatross engine initialized: workers=%d, batch_size=%d (devices %s, overlap %s)",
+            self.config.worker_num,
+            self.config.batch_size,
+            ", ".join(str(w.device) for w in workers),
+            workers[0].overlap,
+        )
+
+    def _attach_state_store(self, workers: list[Worker]) -> None:
+        first = workers[0].model
+        assert first is not None
+        self.fingerprint = first.fingerprint
+        if self.state_store is None and self._state_store_factory is not None:
+            self.state_store = self._state_store_factory(first.fingerprint, workers[0].device)
+            self._owns_store = True
+        for worker in workers:
+            worker.store = self.state_store
+
+    def shutdown(self) -> None:
+        core, self._core = self._core, None
+        if core is not None:
+            core.shutdown()
+        close = getattr(self.state_store, "close", None)
+        if self._owns_store and callable(close):
+            close()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+
+    @property
+    def core(self) -> AsyncEngineCore:
+        if self._core is None:
+            raise BackendError(503, "the albatross engine is shut down")
+        return self._core
+
+    # ---------------------------------------------------------------------------- text
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text)
+
+    def decode(self, token_ids: list[int]) -> str:
+        return self.tokenizer.decode(token_ids)
+
+    # ---------------------------------------------------------------------------- generation
+
+    def _task(self, request: GenerationRequest, channel: EventChannel) -> EngineTask:
+        ref = request.state
+        load_key = ref.load_key if ref else None
+        save_key = ref.save_key if ref else None
+        if (load_key or save_key) and self.state_store is None:
+            raise BackendError(400, "this albatross engine was started without a state cache")
+        if load_key is not None and not request.prompt_tokens and request.sampling.max_tokens > 0:
+            raise BackendError(400, "continuing a saved state needs at least one prompt token to generate from")
+        seed = request.sampling.seed
+        return EngineTask(
+            prompt_tokens=list(request.prompt_tokens),
+            sampling=request.sampling,
+            seed=secrets.randbits(64) if seed is None else seed,
+            channel=channel,
+            request_id=request.request_id,
+            load_key=load_key,
+            save_key=save_key,
+            use_prefix_cache=bool(ref and ref.use_prefix_cache and load_key is None and self.state_store is not None),
+        )
+
+    async def async_generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        """Events on the caller's loop. Closing the iterator (or cancelling its consumer) aborts."""
+        channel = AsyncChannel(asyncio.get_running_loop())
+        task = self._task(request, channel)
+        core = self.core
+        core.submit(task)
+        done = False
+        try:
+            while True:
+                item = await channel.queue.get()
+                if isinstance(item, BaseException):
+                    done = True
+                    raise item
+                done = item.finish_reason is not None
+                yield item
+                if done:
+                    return
+        finally:
+            if not done:
+                core.abort(task)
+
+    def generate(self, request: GenerationRequest) -> Iterator[GenerationEvent]:
+        """Blocking generation for scripts; closing the generator aborts the request."""
+        channel = SyncChannel()
+        task = self._task(request, channel)
+        core = self.core
+        core.submit(task)
+        done = False
+        try:
+            while True:
+                item = channel.queue.get()
+                if isinstance(item, BaseException):
+                    done = True
+                    raise item
+                done = item.finish_reason is not None
+                yield item
+                if done:
+                    return
+        finally:
+            if not done:
+                core.abort(task)
+
+    def run_rnn(self, *args: object, **kwargs: object) -> object:
+        raise NotImplementedError(
+            "the albatross backend runs batch inference inside its engine and has no run_rnn(); use generate() or async_generate()"
+        )
+
+    def get_embedding(self, text: str) -> list[float]:
+        raise NotImplementedError("the albatross backend does not support embeddings")
+
+    # ---------------------------------------------------------------------------- status
+
+    def status(self) -> dict[str, object]:
+        core = self._core
+        metrics = core.metrics().as_dict() if core is not None else {}
+        dtype = self.config.dtype or ("fp16" if self.devices[0].type == "cuda" else "fp32")
+        result: dict[str, object] = {
+            "worker_num": self.config.worker_num,
+            "batch_size": self.config.batch_size,
+            "device": ", ".join(str(d) for d in self.devices),
+            "dtype": dtype,
+            "state_dtype": self.config.state_dtype,
+            "prefill_chunk": self.config.prefill_chunk,
+            "prefill_budget": self.config.prefill_budget,
+            "engine_running": core is not None and core.running,
+            **metrics,
+        }
+        stats = getattr(self.state_store, "stats", None)
+        if callable(stats):
+            result["state_cache"] = stats()
+        return result
+
+
+def create_backend(model_path: str, strategy: str, settings: ServerSettings) -> AlbatrossRWKV:
+    """The runner's factory (runner/backends.py). The state cache seam: pass `state_store=` or
+    `state_store_factory=` (called with the model's fingerprint and device once it has loaded)."""
+    config = parse_albatross_strategy(strategy)
+    extras = {name: getattr(config, name) for name in config_field_names() if name not in ("worker_num", "batch_size")}
+    return AlbatrossRWKV(model_path, config.worker_num, config.batch_size, settings=settings, **extras)
+
+
+# ---------------------------------------------------------------------------- models and devices
+
+
+def _model_name(model_path: str) -> str:
+    if model_path.startswith(RANDOM_MODEL_PREFIX):
+        return "random-" + model_path[len(RANDOM_MODEL_PREFIX) :].replace(":", "-")
+    name = Path(model_path).name
+    return name[: -len(".pth")] if name.endswith(".pth") else name
+
+
+def parse_random_spec(spec: str) -> tuple[CheckpointShape, int]:
+    """`random:<shape>[:<seed>]` -> (shape, seed); shape a NAMED_SHAPES name or `<layers>x<width>`."""
+    body = spec[len(RANDOM_MODEL_PREFIX) :] if spec.startswith(RANDOM_MODEL_PREFIX) else spec
+    shape_name, _, seed_text = body.partition(":")
+    seed = int(seed_text) if seed_text else 0
+    if shape_name.lower() in NAMED_SHAPES:
+        return NAMED_SHAPES[shape_name.lower()], seed
+    layers, sep, width = shape_name.lower().partition("x")
+    if sep and layers.isdigit() and width.isdigit():
+        return CheckpointShape(n_layer=int(layers), n_embd=int(width)), seed
+    raise ValueError(f"unknown random model shape {shape_name!r}; known: {', '.join(NAMED_SHAPES)} or <layers>x<width>")
+
+
+def _model_loader(model_path: str, dtype: str | None) -> ModelLoader:
+    if model_path.startswith(RANDOM_MODEL_PREFIX):
+        shape, seed = parse_random_spec(model_path)
+
+        def load_random(device: torch.device) -> RWKV7:
+            weights_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}.get(
+                dtype or ("fp16" if device.type == "cuda" else "fp32")
+            )
+            state_dict = random_state_dict(shape, seed=seed, dtype=weights_dtype or torch.float32, device=device)
+            return RWKV7.from_state_dict(state_dict, device, dtype, name=_model_name(model_path), progress=False)
+
+        return load_random
+
+    def load_file(device: torch.device) -> RWKV7:
+        return RWKV7.load(model_path, device, dtype, progress=False)
+
+    return load_file
+
+
+def _prebuilt_loader(model: RWKV7) -> ModelLoader:
+    def use_model(device: torch.device) -> RWKV7:
+        return model
+
+    return use_model
+
+
+def _worker_devices(config: AlbatrossBackendConfig, model: RWKV7 | None) -> list[torch.device]:
+    if model is not None:
+        if config.worker_num != 1:
+            raise ValueError("an already-built model serves exactly one worker")
+        return [model.device]
+    requested = config.device
+    if requested is None:
+        requested = "cuda" if torch.cuda.is_available() else "cpu"
+        if requested == "cpu":
+            logger.info("Albatross: no CUDA device visible; running on the CPU")
+    if requested == "cpu":
+        return [torch.device("cpu")] * config.worker_num
+    visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    first = torch.device(requested).index or 0
+    if first + config.worker_num > visible:
+        raise RuntimeError(
+            f"{INIT_ERROR_PREFIX}: workers={config.worker_num} from {requested} needs "
+            f"{first + config.worker_num} GPUs, but {visible} {'is' if visible == 1 else 'are'} visible"
+        )
+    return [torch.device("cuda", first + i) for i in range(config.worker_num)]
+
+
+def _resolve_tokenizer(tokenizer: Tokenizer | str | Path | None) -> Tokenizer:
+    if tokenizer is None:
+        return get_tokenizer()
+    if isinstance(tokenizer, (str, Path)):
+        return Tokenizer(Path(tokenizer))
+    return tokenizer

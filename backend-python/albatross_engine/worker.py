@@ -1,0 +1,530 @@
+"""A worker: one thread that owns one device's model, state slots and penalties, and steps them.
+
+A step (see docs/engine.md): take new tasks and aborts from the inbox; admit waiting tasks into
+free slots (zero state, a saved state, or the longest cached prompt prefix); issue ONE model call
+for every decode token and the prefill chunks that fit the budget; sample all sampling rows in ONE
+sampler call; copy only the sampled ids to the host (one sync); then the host work: detokenize,
+match stops, emit events, retire finished tasks.
+
+With `overlap` the host work of step N runs after step N+1 has been issued, so on a GPU it runs
+while the device computes. A task found finished while processing step N already has a row in
+step N+1; that row's sample is dropped and not counted, so outputs are identical either way.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+
+import torch
+
+from albatross.detokenizer import TextStream
+from albatross.model import RWKV7
+from albatross.sampler import PenaltyPool, SamplingBatch, TopLogprobs, sample, seed_to_seed32, top_logprobs
+from albatross.state import StatePool
+from albatross.tokenizer import Tokenizer
+from albatross_engine.config import AlbatrossBackendConfig
+from albatross_engine.metrics import WorkerMetrics
+from albatross_engine.scheduler import Row, RowKind, Scheduler, StepPlan
+from albatross_engine.state_store import PrefixHasher, PromptEndIndex, StateStore, prefix_lookup_lengths
+from albatross_engine.tasks import EngineTask, EventOutbox
+from runner.interface import BackendError, GenerationEvent, TokenLogprob
+
+logger = logging.getLogger(__name__)
+
+ModelLoader = Callable[[torch.device], RWKV7]
+_STATE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(slots=True)
+class IssuedStep:
+    """A step sent to the device; its sampled ids reach the host on first `token_ids()`."""
+
+    plan: StepPlan
+    host_ids: torch.Tensor | None = None  # filled asynchronously on a GPU
+    copied: torch.cuda.Event | None = None
+    logprobs: TopLogprobs | None = None
+    logprob_rows: dict[int, int] = field(default_factory=dict)  # sample row -> row of `logprobs`
+    _ids: list[int] | None = None
+
+    def token_ids(self) -> list[int]:
+        if self._ids is None:
+            if self.copied is not None:
+                self.copied.synchronize()
+            self._ids = [] if self.host_ids is None else self.host_ids.tolist()
+        return self._ids
+
+
+class Worker:
+    def __init__(
+        self,
+        index: int,
+        device: torch.device,
+        loader: ModelLoader,
+        config: AlbatrossBackendConfig,
+        tokenizer: Tokenizer,
+        prompt_ends: PromptEndIndex | None = None,
+        on_death: Callable[[Worker, BaseException], None] | None = None,
+    ) -> None:
+        self.index = index
+        self.device = device
+        self.config = config
+        self.tokenizer = tokenizer
+        self.metrics = WorkerMetrics()
+        self.ready: Future[None] = Future()
+        self.store: StateStore | None = None  # set by the engine before any request arrives
+        self.model: RWKV7 | None = None
+        self.overlap = config.overlap if config.overlap is not None else device.type == "cuda"
+        self._loader = loader
+        self._prompt_ends = prompt_ends or PromptEndIndex()
+        self._on_death = on_death
+        self._scheduler = Scheduler(config.batch_size, config.prefill_chunk, config.prefill_budget)
+        self._cond = threading.Condition()
+        self._inbox: list[EngineTask] = []
+        self._aborts: list[EngineTask] = []
+        self._load = 0  # tasks placed here and not yet finished
+        self._closed = False
+        self._stopping = False
+        self._outbox = EventOutbox()
+        self._pool: StatePool | None = None
+        self._penalties: PenaltyPool | None = None
+        self._decode_graphs: object | None = None
+        self._pending: IssuedStep | None = None  # issued, host work not done yet (overlap)
+        self._last_issued: IssuedStep | None = None  # its sampled ids feed the next decode rows
+        self._thread = threading.Thread(target=self._run, name=f"albatross-worker-{index}", daemon=True)
+
+    # ---------------------------------------------------------------------------- other threads
+
+    @property
+    def load(self) -> int:
+        return self._load
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def submit(self, task: EngineTask) -> bool:
+        """Queue a task; False when the worker no longer takes tasks."""
+        with self._cond:
+            if self._closed:
+                return False
+            task.worker_index = self.index
+            self._inbox.append(task)
+            self._load += 1
+            self._cond.notify()
+        return True
+
+    def abort(self, task: EngineTask) -> None:
+        task.abort_requested = True
+        with self._cond:
+            self._aborts.append(task)
+            self._cond.notify()
+
+    def stop(self, timeout: float | None = None) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    # ---------------------------------------------------------------------------- worker thread
+
+    def _run(self) -> None:
+        try:
+            self._load_model()
+        except BaseException as error:  # noqa: BLE001 - any load failure must reach the engine start
+            self._release_device()
+            self.ready.set_exception(error)
+            return
+        self.ready.set_result(None)
+        try:
+            self._serve()
+            self._shut_down(BackendError(503, "the albatross engine is shutting down"))
+        except BaseException as error:  # noqa: BLE001 - a dead worker must fail its requests, not hang them
+            logger.exception("albatross worker %d died", self.index)
+            self._shut_down(BackendError(503, f"the albatross engine stopped: {type(error).__name__}: {error}"))
+            if self._on_death is not None:
+                self._on_death(self, error)
+        finally:
+            self._release_device()
+
+    def _load_model(self) -> None:
+        model = self._loader(self.device)
+        self.device = model.device
+        self.model = model
+        self._pool = model.new_pool(self.config.batch_size, _STATE_DTYPES[self.config.state_dtype])
+        self._penalties = PenaltyPool(self.config.batch_size, model.config.vocab_size, model.device)
+        if self.device.type == "cuda" and self.config.cuda_graphs:
+            self._decode_graphs = _decode_graph_runner(model, self._pool, self.config.batch_size)
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._inbox or self._aborts or self._stopping or self._has_work()):
+                    self._cond.wait()
+                if self._stopping:
+                    return
+                for task in self._inbox:
+                    self._scheduler.add(task)
+                self._inbox.clear()
+                aborts, self._aborts = self._aborts, []
+            self._step(aborts)
+
+    def _has_work(self) -> bool:
+        return bool(self._scheduler.waiting or self._scheduler.running or self._pending)
+
+    def _step(self, aborts: list[EngineTask]) -> None:
+        started = time.perf_counter()
+        for task in aborts:
+            self._abort(task)
+        admitted = self._scheduler.admit()
+        if admitted:
+            self._admit(admitted)
+        plan = self._scheduler.plan()
+        issued = None
+        if plan:
+            try:
+                issued = self._issue(plan)
+            except Exception as error:
+                logger.exception("albatross worker %d: step failed; failing its %d rows", self.index, len(plan.rows))
+                self._fail_rows(plan.rows, error)
+        if self.overlap:
+            previous, self._pending = self._pending, issued
+        else:
+            previous = issued
+        if previous is not None:
+            self._process(previous)
+        if not (plan or previous or admitted or aborts) and self._scheduler.running:
+            # Running tasks with nothing to do would never finish: fail them rather than hang.
+            self._fail_rows([Row(t, t.slot, RowKind.FEED) for t in self._scheduler.running.values()],
+                            RuntimeError("scheduler stalled"))
+        if self._outbox.flush():
+            self._abort_closed_channels()
+        self._record(started, plan)
+
+    # ---------------------------------------------------------------------------- admission
+
+    def _admit(self, tasks: list[EngineTask]) -> None:
+        assert self._pool is not None and self._penalties is not None and self.model is not None
+        slots = [task.slot for task in tasks]
+        self._pool.reset(slots)
+        self._penalties.reset(slots)
+        vocab = self.model.config.vocab_size
+        for task in tasks:
+            try:
+                if task.prompt_tokens and not (0 <= min(task.prompt_tokens) and max(task.prompt_tokens) < vocab):
+                    raise BackendError(400, f"prompt token ids must be within [0, {vocab})")
+                task.seed32 = seed_to_seed32(task.seed)
+                task.text_stream = TextStream(self.tokenizer, task.sampling.stop)
+                if task.load_key is not None:
+                    self._pool.write(task.slot, self._load_state(task.load_key))
+                elif task.use_prefix_cache and self.store is not None:
+                    self._resume_prefix(task)
+                if not task.prompt_tokens:  # a loaded state with nothing to generate
+                    self._finish(task, "length", self._event(task))
+            except Exception as error:
+                self._fail(task, error)
+
+    def _load_state(self, key: str) -> object:
+        state = None if self.store is None else self.store.get(key)
+        if state is None:
+            raise BackendError(404, f"state {key!r} not found")
+        return state
+
+    def _resume_prefix(self, task: EngineTask) -> None:
+        assert self._pool is not None and self.store is not None
+        task.prefix_hasher = PrefixHasher(task.prompt_tokens)
+        lengths = prefix_lookup_lengths(task.prompt_len, self._prompt_ends.below(task.prompt_len))
+        lookup = PrefixHasher(task.prompt_tokens)
+        keys = [(length, lookup.key_at(length)) for length in reversed(lengths)]
+        for length, key in reversed(keys):
+            state = self.store.get(key) if self.store.contains(key) else None
+            if state is not None:
+                self._pool.write(task.slot, state)
+                task.prompt_pos = task.cached_prompt_tokens = length
+                break
+        self.metrics.record_prefix_lookup(task.cached_prompt_tokens)
+
+    # ---------------------------------------------------------------------------- the device step
+
+    def _issue(self, plan: StepPlan) -> IssuedStep:
+        assert self.model is not None and self._pool is not None and self._penalties is not None
+        previous_ids = self._last_issued.token_ids() if plan.decode_tokens and self._last_issued else []
+        slots = [row.slot for row in plan.rows]
+        tokens = [
+            row.task.prompt_tokens[row.start : row.stop] if row.kind is RowKind.PREFILL else [previous_ids[row.input_row]]
+            for row in plan.rows
+        ]
+        if self._decode_graphs is not None and not plan.prefill_tokens:
+            logits = self._decode_graphs.forward(self._pool, slots, tokens)  # type: ignore[attr-defined]
+        else:
+            logits = self.model.forward(self._pool, slots, tokens)
+        issued = IssuedStep(plan)
+        if plan.sample_count:
+            self._sample(plan, logits, issued)
+        self._last_issued = issued
+        for row in plan.rows:  # states that only needed this step's forward to be issued
+            if row.prefix_checkpoint:
+                self._save_prefix(row)
+            if row.kind is RowKind.FEED and row.task.finished:
+                self._save_final(row.task)
+        return issued
+
+    def _sample(self, plan: StepPlan, logits: torch.Tensor, issued: IssuedStep) -> None:
+        assert self._penalties is not None
+        positions = [i for i, row in enumerate(plan.rows) if row.samples]
+        rows = [plan.rows[i] for i in positions]
+        if len(positions) != len(plan.rows):
+            logits = logits.index_select(0, torch.tensor(positions, device=logits.device))
+        tasks = [row.task for row in rows]
+        batch = SamplingBatch.from_params(
+            [t.sampling for t in tasks], [t.seed32 for t in tasks], [t.sampled - 1 for t in tasks], self.device
+        )
+        slot_index = torch.tensor([row.slot for row in rows], dtype=torch.int64, device=self.device)
+        ids = sample(logits, slot_index, batch, self._penalties)
+        wanted = [i for i, t in enumerate(tasks) if t.sampling.logprobs is not None]
+        if wanted:
+            index = torch.tensor(wanted, device=self.device)
+            k = max(tasks[i].sampling.logprobs or 0 for i in wanted)
+            issued.logprobs = top_logprobs(logits.index_select(0, index), k, ids.index_select(0, index))
+            issued.logprob_rows = {sample_row: n for n, sample_row in enumerate(wanted)}
+        if self.device.type == "cuda":
+            issued.host_ids = ids.to("cpu", non_blocking=True)
+            issued.copied = torch.cuda.Event()
+            issued.copied.record()
+        else:
+            issued.host_ids = ids
+
+    # ---------------------------------------------------------------------------- host work
+
+    def _process(self, issued: IssuedStep) -> None:
+        try:
+            ids = issued.token_ids()
+        except Exception as error:  # a device error surfaces at the sync
+            logger.exception("albatross worker %d: step failed on the device", self.index)
+            self._fail_rows(issued.plan.rows, error)
+            return
+        produced = 0
+        for row in issued.plan.rows:
+            task = row.task
+            if task.finished:
+                continue  # aborted, failed, or finished one step earlier (its sample here is dropped)
+            try:
+                if row.samples:
+                    produced += 1
+                    self._accept(task, ids[row.sample_row], issued, row.sample_row)
+                elif row.kind is RowKind.PREFILL and row.stop == task.prompt_len and task.sampling.max_tokens == 0:
+                    self._finish(task, "length", self._event(task))
+            except Exception as error:
+                logger.exception("albatross worker %d: request %s failed", self.index, task.request_id)
+                self._fail(task, error)
+        self.metrics.add_generated(produced)
+
+    def _accept(self, task: EngineTask, token: int, issued: IssuedStep, sample_row: int) -> None:
+        assert task.text_stream is not None
+        task.completion_tokens += 1
+        stream = task.text_stream
+        reason = None
+        if token in task.sampling.stop_token_ids:
+            text, token_ids, reason = stream.flush(), [], "stop"
+        else:
+            text, stopped = stream.push((token,))
+            token_ids = [token]
+            if stopped:
+                reason = "stop"
+            elif task.completion_tokens >= task.sampling.max_tokens:
+                text += stream.flush()
+                reason = "stop" if stream.stopped else "length"
+        event = self._event(task, text, token_ids)
+        if issued.logprobs is not None and sample_row in issued.logprob_rows:
+            event.logprobs = [self._logprob(task, token, issued.logprobs, issued.logprob_rows[sample_row])]
+        if reason is None:
+            self._outbox.add(task.channel, event)
+        else:
+            self._finish(task, reason, event)
+
+    def _logprob(self, task: EngineTask, token: int, data: TopLogprobs, row: int) -> TokenLogprob:
+        k = task.sampling.logprobs or 0
+        assert data.chosen is not None
+        top_ids = data.top_ids[row, :k].tolist()
+        top_values = data.top_values[row, :k].tolist()
+        decode = self.tokenizer.decode
+        top = [(i, decode([i]), v) for i, v in zip(top_ids, top_values)]
+        return TokenLogprob(token_id=token, text=decode([token]), logprob=float(data.chosen[row]), top=top)
+
+    @staticmethod
+    def _event(task: EngineTask, text: str = "", token_ids: list[int] | None = None) -> GenerationEvent:
+        return GenerationEvent(
+            text=text,
+            token_ids=token_ids if token_ids is not None else [],
+            prompt_tokens=task.prompt_len,
+            completion_tokens=task.completion_tokens,
+            cached_prompt_tokens=task.cached_prompt_tokens,
+        )
+
+    # ---------------------------------------------------------------------------- finishing
+
+    def _finish(self, task: EngineTask, reason: str, event: GenerationEvent) -> None:
+        task.finish_reason = reason  # type: ignore[assignment]
+        event.finish_reason = reason  # type: ignore[assignment]
+        self.metrics.record_finish(reason)
+        if task.save_key is not None and reason in ("stop", "length"):
+            task.held_event = event
+            if task.fed >= task.completion_tokens:
+                self._save_final(task)
+            else:
+                task.final_feed_pending = True  # the next step feeds the last token, then saves
+            return
+        self._outbox.add(task.channel, event)
+        self._release(task)
+
+    def _save_final(self, task: EngineTask) -> None:
+        """The final state (prompt and every generated token fed) goes to the store, then the
+        held final event goes out: a client told "stop" can rely on the saved state."""
+        assert self._pool is not None and task.save_key is not None
+        event = task.held_event or self._event(task)
+        task.held_event = None
+        try:
+            if self.store is None:
+                raise BackendError(400, "this albatross engine has no state cache")
+            self.store.put(task.save_key, self._pool.read(task.slot, device=self.device))
+            self.metrics.record_state_save()
+        except Exception as error:
+            logger.exception("albatross worker %d: saving state %r failed", self.index, task.save_key)
+            event = self._error_event(task, error)
+        self._outbox.add(task.channel, event)
+        self._release(task)
+
+    def _save_prefix(self, row: Row) -> None:
+        task = row.task
+        assert self._pool is not None and task.prefix_hasher is not None
+        try:
+            key = task.prefix_hasher.key_at(row.stop)
+            if self.store is not None and not self.store.contains(key):
+                self.store.put(key, self._pool.read(row.slot, device=self.device))
+                self.metrics.record_state_save()
+            if row.stop == task.prompt_len:
+                self._prompt_ends.add(row.stop)
+        except Exception:  # a cache failure costs a future hit, never this request
+            logger.exception("albatross worker %d: saving a prefix state failed", self.index)
+
+    def _abort(self, task: EngineTask) -> None:
+        if task.finished:
+            return
+        if self._scheduler.remove_waiting(task):
+            task.finish_reason = "abort"
+            self._outbox.add(task.channel, GenerationEvent(finish_reason="abort", prompt_tokens=task.prompt_len))
+            self.metrics.record_finish("abort")
+            self._finished_one()
+        elif task.task_id in self._scheduler.running:
+            task.finish_reason = "abort"
+            event = self._event(task)
+            event.finish_reason = "abort"
+            self._outbox.add(task.channel, event)
+            self.metrics.record_finish("abort")
+            self._release(task)
+
+    def _abort_closed_channels(self) -> None:
+        for task in [*self._scheduler.waiting, *self._scheduler.running.values()]:
+            if task.channel.closed:
+                self._abort(task)
+
+    def _release(self, task: EngineTask) -> None:
+        self._scheduler.release(task)
+        self._finished_one()
+
+    def _finished_one(self) -> None:
+        with self._cond:
+            self._load -= 1
+
+    @staticmethod
+    def _error_event(task: EngineTask, error: BaseException) -> GenerationEvent:
+        return GenerationEvent(
+            finish_reason="error",
+            error=f"{type(error).__name__}: {error}",
+            prompt_tokens=task.prompt_len,
+            completion_tokens=task.completion_tokens,
+            cached_prompt_tokens=task.cached_prompt_tokens,
+        )
+
+    def _fail(self, task: EngineTask, error: BaseException) -> None:
+        """End one task with an error; the others carry on."""
+        holds_slot = task.task_id in self._scheduler.running
+        if not holds_slot and not self._scheduler.remove_waiting(task):
+            return  # already finished and released
+        task.finish_reason = "error"
+        task.final_feed_pending = False
+        task.held_event = None
+        self._outbox.add(task.channel, error if isinstance(error, BackendError) else self._error_event(task, error))
+        self.metrics.record_finish("error")
+        if holds_slot:
+            self._scheduler.release(task)
+        self._finished_one()
+
+    def _fail_rows(self, rows: list[Row], error: BaseException) -> None:
+        """A step failed: fail its tasks and reset their slots (a failing reset kills the worker)."""
+        assert self._pool is not None and self._penalties is not None
+        slots = sorted({row.slot for row in rows})
+        for row in rows:
+            self._fail(row.task, error)
+        self._last_issued = None
+        if slots:
+            self._pool.reset(slots)
+            self._penalties.reset(slots)
+
+    # ---------------------------------------------------------------------------- bookkeeping
+
+    def _record(self, started: float, plan: StepPlan) -> None:
+        metrics = self.metrics
+        if plan:
+            metrics.record_step(time.perf_counter() - started, plan.decode_tokens, plan.prefill_tokens)
+        metrics.set_occupancy(len(self._scheduler.running), len(self._scheduler.waiting))
+        if self.device.type == "cuda":
+            metrics.set_peak_memory(torch.cuda.max_memory_allocated(self.device))
+
+    def _shut_down(self, error: BackendError) -> None:
+        """Fail every task this worker holds or has queued, and take no more."""
+        with self._cond:
+            self._closed = True
+            queued, self._inbox = self._inbox, []
+        tasks = [*queued, *self._scheduler.waiting, *self._scheduler.running.values()]
+        self._scheduler.waiting.clear()
+        for task in tasks:
+            if task.task_id in self._scheduler.running:
+                self._scheduler.release(task)
+            task.finish_reason = "error"
+            self._outbox.add(task.channel, error)
+        self._outbox.flush()
+        with self._cond:
+            self._load = 0
+        self._pending = self._last_issued = None
+
+    def _release_device(self) -> None:
+        self.model = None
+        self._pool = self._penalties = self._decode_graphs = None
+        self._pending = self._last_issued = None
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def _decode_graph_runner(model: RWKV7, pool: StatePool, batch_size: int) -> object | None:
+    """The CUDA-graph seam: `albatross.cuda_graphs.DecodeGraphRunner(model, pool, max_batch)` with
+    `forward(pool, slots, tokens)` (one token per slot, the contract of `model.forward`), when the
+    kernels provide it; otherwise decode runs eagerly."""
+    try:
+        from albatross.cuda_graphs import DecodeGraphRunner  # type: ignore[import-not-found]
+    except ImportError:
+        return None
+    try:
+        return DecodeGraphRunner(model, pool, batch_size)
+    except Exception:
+        logger.exception("CUDA graphs unavailable; decoding eagerly")
+        return None
+

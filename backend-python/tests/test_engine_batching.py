@@ -1,0 +1,162 @@
+"""Batching never changes a request's output: greedy and seeded results are the same alone, inside
+a batch of other requests, in any arrival order, with and without step overlap, and equal to the
+model core driven one slot at a time."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from albatross.model import RWKV7
+from albatross.sampler import PenaltyPool, SamplingBatch, sample, seed_to_seed32
+from albatross_engine.adapter import AlbatrossRWKV
+from runner.interface import GenerationEvent, GenerationRequest, SamplingParams
+
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, frequency_penalty=0.5, presence_penalty=0.3, stop_token_ids=())
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_checkpoint: Path) -> Iterator[AlbatrossRWKV]:
+    backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=8, prefill_chunk=5, prefill_budget=24)
+    yield backend
+    backend.shutdown()
+
+
+@pytest.fixture(scope="module")
+def overlapped_engine(tiny_checkpoint: Path) -> Iterator[AlbatrossRWKV]:
+    backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=8, prefill_chunk=5, overlap=True)
+    yield backend
+    backend.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference_model(tiny_checkpoint: Path) -> RWKV7:
+    return RWKV7.load(tiny_checkpoint, "cpu", progress=False)
+
+
+def reference_tokens(model: RWKV7, prompt: list[int], params: SamplingParams, seed: int = 0) -> list[int]:
+    """The model core and sampler driven one slot at a time, the whole prompt in one call."""
+    pool = model.new_pool(1)
+    penalties = PenaltyPool(1, model.config.vocab_size)
+    slot = torch.tensor([0])
+    out: list[int] = []
+    logits = model.forward(pool, [0], [prompt])
+    for step in range(params.max_tokens):
+        batch = SamplingBatch.from_params([params], [seed_to_seed32(seed)], [step])
+        token = int(sample(logits, slot, batch, penalties)[0])
+        out.append(token)
+        if token in params.stop_token_ids:
+            break
+        logits = model.forward(pool, [0], [[token]])
+    return out
+
+
+def random_request(rng: random.Random) -> GenerationRequest:
+    params = SamplingParams(
+        max_tokens=rng.randint(1, 6),
+        temperature=rng.choice([0.0, 0.7, 1.0, 1.3]),
+        top_p=rng.choice([0.3, 0.9, 1.0]),
+        top_k=rng.choice([0, 5, 50]),
+        presence_penalty=rng.uniform(0, 1),
+        frequency_penalty=rng.uniform(0, 1),
+        penalty_decay=rng.choice([0.9, 0.996]),
+        stop_token_ids=(),
+        seed=rng.randrange(2**64),
+    )
+    prompt = [rng.randrange(1, 65530) for _ in range(rng.randint(1, 14))]
+    return GenerationRequest(prompt_tokens=prompt, sampling=params)
+
+
+def collect(backend: AlbatrossRWKV, requests: list[GenerationRequest]) -> list[list[GenerationEvent]]:
+    async def one(request: GenerationRequest) -> list[GenerationEvent]:
+        return [event async for event in backend.async_generate(request)]
+
+    async def run() -> list[list[GenerationEvent]]:
+        return list(await asyncio.gather(*(one(r) for r in requests)))
+
+    return asyncio.run(run())
+
+
+def token_ids(events: list[GenerationEvent]) -> list[int]:
+    return [t for e in events for t in e.token_ids]
+
+
+def test_greedy_output_is_the_same_alone_in_a_batch_in_any_order_and_equals_the_model_core(
+    engine: AlbatrossRWKV, reference_model: RWKV7
+) -> None:
+    rng = random.Random(7)
+    target = GenerationRequest(prompt_tokens=[rng.randrange(1, 65530) for _ in range(11)], sampling=GREEDY)
+    expected = reference_tokens(reference_model, target.prompt_tokens, GREEDY)
+    alone = token_ids(collect(engine, [target])[0])
+    assert alone == expected, f"alone: engine {alone} != model core {expected}"
+    others = [random_request(rng) for _ in range(16)]
+    for order in range(2):
+        batch = others[:]
+        random.Random(order).shuffle(batch)
+        position = order * 7 % (len(batch) + 1)
+        batch.insert(position, target)
+        results = collect(engine, batch)
+        got = token_ids(results[position])
+        assert got == expected, f"arrival order {order} (position {position}): {got} != {expected}"
+
+
+def test_the_same_seed_gives_the_same_text_whatever_the_batch(engine: AlbatrossRWKV, reference_model: RWKV7) -> None:
+    rng = random.Random(11)
+    params = SamplingParams(max_tokens=10, temperature=1.0, top_p=0.9, seed=1234, stop_token_ids=())
+    target = GenerationRequest(prompt_tokens=[rng.randrange(1, 65530) for _ in range(6)], sampling=params)
+    expected = reference_tokens(reference_model, target.prompt_tokens, params, seed=1234)
+    alone = collect(engine, [target])[0]
+    crowded = collect(engine, [random_request(rng) for _ in range(9)] + [target])[-1]
+    assert token_ids(alone) == expected, "a seeded request follows the sampler's definition"
+    assert token_ids(crowded) == expected, "a seeded request samples the same tokens inside a batch"
+    assert "".join(e.text for e in alone) == "".join(e.text for e in crowded)
+
+
+def test_different_seeds_give_different_text(engine: AlbatrossRWKV) -> None:
+    prompt = [101, 2002, 30003, 404]
+    requests = [
+        GenerationRequest(prompt_tokens=prompt, sampling=SamplingParams(max_tokens=10, temperature=1.5, top_p=1.0, seed=s))
+        for s in (1, 2, 3)
+    ]
+    texts = ["".join(e.text for e in events) for events in collect(engine, requests)]
+    assert len(set(texts)) == 3, f"three seeds should give three texts, got {texts}"
+
+
+def test_step_overlap_does_not_change_any_output(engine: AlbatrossRWKV, overlapped_engine: AlbatrossRWKV) -> None:
+    assert overlapped_engine.core.workers[0].overlap and not engine.core.workers[0].overlap
+    rng = random.Random(3)
+    requests = [random_request(rng) for _ in range(12)]
+    requests.append(GenerationRequest(prompt_tokens=[5, 6, 7], sampling=SamplingParams(max_tokens=6, stop=("e",), seed=9)))
+    plain = collect(engine, requests)
+    overlapped = collect(overlapped_engine, requests)
+    for index, (a, b) in enumerate(zip(plain, overlapped)):
+        summary_a = (token_ids(a), "".join(e.text for e in a), a[-1].finish_reason, a[-1].completion_tokens)
+        summary_b = (token_ids(b), "".join(e.text for e in b), b[-1].finish_reason, b[-1].completion_tokens)
+        assert summary_a == summary_b, f"request {index}: without overlap {summary_a}, with overlap {summary_b}"
+
+
+def test_usage_counts_are_exact_and_the_last_event_carries_the_finish_reason(engine: AlbatrossRWKV) -> None:
+    request = GenerationRequest(prompt_tokens=[11, 12, 13, 14, 15, 16, 17], sampling=GREEDY)
+    events = collect(engine, [request])[0]
+    assert [e.finish_reason for e in events[:-1]] == [None] * (len(events) - 1)
+    last = events[-1]
+    assert last.finish_reason == "length" and last.completion_tokens == GREEDY.max_tokens
+    assert [e.completion_tokens for e in events] == list(range(1, GREEDY.max_tokens + 1))
+    assert all(e.prompt_tokens == 7 for e in events), "prompt usage is the prompt's length"
+
+
+def test_a_stop_token_ends_the_request_without_emitting_it(engine: AlbatrossRWKV, reference_model: RWKV7) -> None:
+    prompt = [42, 43, 44]
+    free_run = reference_tokens(reference_model, prompt, GREEDY)
+    stop_token = free_run[3]
+    first = free_run.index(stop_token)
+    params = SamplingParams(max_tokens=12, temperature=0.0, frequency_penalty=0.5, presence_penalty=0.3, stop_token_ids=(stop_token,))
+    events = collect(engine, [GenerationRequest(prompt_tokens=prompt, sampling=params)])[0]
+    assert events[-1].finish_reason == "stop"
+    assert token_ids(events) == free_run[:first], "tokens before the stop token, without it"
+    assert events[-1].completion_tokens == first + 1, "the stop token counts as generated"
