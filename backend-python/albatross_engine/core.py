@@ -48,7 +48,7 @@ class AsyncEngineCore:
         try:
             self._started.result(timeout)
         except concurrent.futures.TimeoutError:
-            self.shutdown(join_timeout=5.0)
+            self.shutdown(join_timeout=1.0)  # a stuck load cannot be interrupted; its thread exits when it returns
             raise RuntimeError(f"{INIT_ERROR_PREFIX}: the workers did not load within {timeout:.0f} s") from None
         except BaseException as error:
             self.shutdown(join_timeout=30.0)
@@ -75,6 +75,8 @@ class AsyncEngineCore:
         for worker in self.workers:
             worker.start()
         pending = {asyncio.wrap_future(w.ready): w for w in self.workers}
+        for future in pending:  # failures after the first are reported through it, not logged again
+            future.add_done_callback(lambda f: f.cancelled() or f.exception())
         while pending:  # the first failure ends the start at once, without waiting for the others
             done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for future in done:

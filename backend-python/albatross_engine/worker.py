@@ -220,7 +220,7 @@ class Worker:
         for task in tasks:
             try:
                 if task.prompt_tokens and not (0 <= min(task.prompt_tokens) and max(task.prompt_tokens) < vocab):
-                    raise BackendError(400, f"prompt token ids must be within [0, {vocab})")
+                    raise ValueError(f"prompt token ids must be within [0, {vocab})")
                 task.seed32 = seed_to_seed32(task.seed)
                 task.text_stream = TextStream(self.tokenizer, task.sampling.stop)
                 if task.load_key is not None:

@@ -1,0 +1,177 @@
+"""Failures stay contained: a bad task ends alone, a failed step fails only its tasks, a dead
+engine answers 503 at once, a failed load is reported at start-up, and shutdown leaves no thread."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+import albatross_engine.worker as worker_module
+from albatross.detokenizer import TextStream
+from albatross_engine.adapter import AlbatrossRWKV
+from albatross_engine.config import AlbatrossBackendConfig
+from albatross_engine.core import AsyncEngineCore
+from albatross_engine.worker import Worker
+from albatross.tokenizer import get_tokenizer
+from runner.interface import BackendError, GenerationEvent, GenerationRequest, SamplingParams
+
+GREEDY = SamplingParams(max_tokens=6, temperature=0.0, stop_token_ids=())
+
+
+@pytest.fixture()
+def engine(tiny_checkpoint: Path) -> Iterator[AlbatrossRWKV]:
+    backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=4)
+    yield backend
+    backend.shutdown()
+
+
+async def _collect(backend: AlbatrossRWKV, request: GenerationRequest) -> list[GenerationEvent] | BaseException:
+    try:
+        return [event async for event in backend.async_generate(request)]
+    except BackendError as error:
+        return error
+
+
+def run_all(backend: AlbatrossRWKV, requests: list[GenerationRequest]) -> list[list[GenerationEvent] | BaseException]:
+    async def run() -> list[list[GenerationEvent] | BaseException]:
+        return list(await asyncio.gather(*(_collect(backend, r) for r in requests)))
+
+    return asyncio.run(run())
+
+
+def engine_threads() -> list[str]:
+    return [t.name for t in threading.enumerate() if t.name.startswith("albatross-")]
+
+
+def test_a_bad_token_id_ends_only_its_own_request_with_an_error_event(engine: AlbatrossRWKV) -> None:
+    good = GenerationRequest([1, 2, 3], GREEDY)
+    results = run_all(engine, [good, GenerationRequest([1, 70000], GREEDY), good])
+    bad = results[1]
+    assert isinstance(bad, list) and bad[-1].finish_reason == "error", f"got {bad}"
+    assert "70000" in (bad[-1].error or "") or "token" in (bad[-1].error or ""), bad[-1].error
+    for events in (results[0], results[2]):
+        assert isinstance(events, list) and events[-1].finish_reason == "length" and events[-1].completion_tokens == 6
+
+
+class BuggyTextStream(TextStream):
+    """A stop matcher with a bug that fires for requests whose stop list contains "boom"."""
+
+    def __init__(self, tokenizer: object, stops: tuple[str, ...] = ()) -> None:
+        super().__init__(tokenizer, stops)  # type: ignore[arg-type]
+        self.buggy = "boom" in stops
+
+    def push(self, token_ids: object) -> tuple[str, bool]:
+        if self.buggy:
+            raise RuntimeError("stop matcher bug")
+        return super().push(token_ids)  # type: ignore[arg-type]
+
+
+def test_an_exception_in_one_tasks_text_processing_ends_only_that_task(
+    engine: AlbatrossRWKV, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(worker_module, "TextStream", BuggyTextStream)
+    expected = run_all(engine, [GenerationRequest([5, 6, 7], GREEDY)])[0]
+    buggy = GenerationRequest([5, 6, 7], SamplingParams(max_tokens=6, temperature=0.0, stop=("boom",)))
+    results = run_all(engine, [GenerationRequest([5, 6, 7], GREEDY), buggy, GenerationRequest([5, 6, 7], GREEDY)])
+    failed = results[1]
+    assert isinstance(failed, list) and failed[-1].finish_reason == "error"
+    assert "stop matcher bug" in (failed[-1].error or "")
+    for events in (results[0], results[2]):
+        assert isinstance(events, list) and isinstance(expected, list)
+        assert [e.token_ids for e in events] == [e.token_ids for e in expected], "a neighbour's output changed"
+
+
+def test_a_failed_step_fails_its_tasks_and_the_worker_recovers(engine: AlbatrossRWKV) -> None:
+    worker = engine.core.workers[0]
+    model = worker.model
+    assert model is not None
+    real_forward = model.forward
+    poison = 4242
+
+    def forward(pool: object, slots: list[int], tokens: list[list[int]], full_output: bool = False) -> torch.Tensor:
+        if any(poison in row for row in tokens):
+            raise RuntimeError("kernel failure")
+        return real_forward(pool, slots, tokens)  # type: ignore[arg-type]
+
+    model.forward = forward  # type: ignore[method-assign]
+    try:
+        failed = run_all(engine, [GenerationRequest([1, poison], GREEDY)])[0]
+        assert isinstance(failed, list) and failed[-1].finish_reason == "error"
+        assert "kernel failure" in (failed[-1].error or "")
+        healthy = run_all(engine, [GenerationRequest([1, 2], GREEDY)])[0]
+        assert isinstance(healthy, list) and healthy[-1].finish_reason == "length", "the worker recovered"
+    finally:
+        del model.forward  # type: ignore[method-assign]
+
+
+def test_when_the_engine_dies_waiting_and_later_requests_get_503_at_once(engine: AlbatrossRWKV) -> None:
+    worker = engine.core.workers[0]
+    assert worker.model is not None and worker._pool is not None  # noqa: SLF001
+
+    def lost(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("device lost")
+
+    worker.model.forward = lost  # type: ignore[method-assign]
+    worker._pool.reset = lost  # type: ignore[method-assign]  # noqa: SLF001 - recovery fails too: the worker dies
+    results = run_all(engine, [GenerationRequest([1, 2, 3], GREEDY) for _ in range(8)])  # 4 slots: 4 wait
+    for result in results:
+        if isinstance(result, BackendError):
+            assert result.status_code == 503
+        else:  # the step's own tasks may end with the step's error first
+            assert result[-1].finish_reason == "error", result
+    assert sum(isinstance(r, BackendError) for r in results) >= 4, "the waiting requests got 503"
+    later = run_all(engine, [GenerationRequest([1, 2, 3], GREEDY)])[0]
+    assert isinstance(later, BackendError) and later.status_code == 503, f"a later request got {later}"
+    assert "not running" in later.message or "died" in later.message
+
+
+def test_switching_models_twice_leaves_no_engine_thread(tiny_checkpoint: Path) -> None:
+    for _ in range(2):
+        backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=2)
+        assert "albatross-engine" in engine_threads() and "albatross-worker-0" in engine_threads()
+        backend.shutdown()
+    assert engine_threads() == [], f"threads left behind: {engine_threads()}"
+
+
+def test_a_missing_checkpoint_fails_initialization_with_the_documented_prefix(tmp_path: Path) -> None:
+    with pytest.raises(RuntimeError, match="^Albatross engine initialization failed"):
+        AlbatrossRWKV(str(tmp_path / "absent.pth"))
+    assert engine_threads() == []
+
+
+def test_a_worker_that_dies_while_loading_weights_fails_initialization(tmp_path: Path) -> None:
+    corrupt = tmp_path / "corrupt.pth"
+    corrupt.write_bytes(b"not a checkpoint")
+    with pytest.raises(RuntimeError, match="^Albatross engine initialization failed: worker 0"):
+        AlbatrossRWKV(str(corrupt), worker_num=2)
+    assert engine_threads() == []
+
+
+def test_a_load_that_never_finishes_fails_initialization_after_the_timeout() -> None:
+    release = threading.Event()
+
+    def stuck_loader(device: torch.device) -> object:
+        release.wait()
+        raise RuntimeError("released")
+
+    worker = Worker(0, torch.device("cpu"), stuck_loader, AlbatrossBackendConfig(batch_size=1), get_tokenizer())  # type: ignore[arg-type]
+    core = AsyncEngineCore([worker])
+    try:
+        with pytest.raises(RuntimeError, match="^Albatross engine initialization failed: .*did not load within"):
+            core.start(timeout=0.2)
+    finally:
+        release.set()
+        core.shutdown()
+    assert engine_threads() == []
+
+
+def test_requests_after_shutdown_get_503(tiny_checkpoint: Path) -> None:
+    backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=1)
+    backend.shutdown()
+    result = run_all(backend, [GenerationRequest([1], GREEDY)])[0]
+    assert isinstance(result, BackendError) and result.status_code == 503
