@@ -232,9 +232,17 @@ class AlbatrossRWKV(AbstractRWKV):
 def create_backend(model_path: str, strategy: str, settings: ServerSettings) -> AlbatrossRWKV:
     """The runner's factory (runner/backends.py). The state cache seam: pass `state_store=` or
     `state_store_factory=` (called with the model's fingerprint and device once it has loaded)."""
+    from albatross_engine.state_cache import build_state_cache
+
     config = parse_albatross_strategy(strategy)
     extras = {name: getattr(config, name) for name in config_field_names() if name not in ("worker_num", "batch_size")}
-    return AlbatrossRWKV(model_path, config.worker_num, config.batch_size, settings=settings, **extras)
+
+    def state_cache(fingerprint: str, device: torch.device) -> StateStore:
+        # Sized by --state-cache-path and --state-l{1,2,3}-bytes; closed (flushed) by shutdown().
+        return build_state_cache(settings, fingerprint, device)
+
+    factory = state_cache if settings is not None else None  # no server settings (scripts): no cache
+    return AlbatrossRWKV(model_path, config.worker_num, config.batch_size, settings=settings, state_store_factory=factory, **extras)
 
 
 # ---------------------------------------------------------------------------- models and devices
