@@ -12,13 +12,13 @@ import dataclasses
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 
 import uvicorn
 from fastapi import FastAPI
 
-from runner.app import create_app
+from runner.app import ROUTE_MODULES, create_app
 from runner.backends import BACKENDS, BackendEntry
 from runner.context import app_context
 from runner.interface import AbstractRWKV, BackendError, GenerationEvent, GenerationRequest, SamplingDefaults
@@ -126,8 +126,8 @@ FAKE_ENTRY = BackendEntry("fake", ("fake",), "runner_fakes:create_backend", "fak
 TEST_REGISTRY: tuple[BackendEntry, ...] = (FAKE_ENTRY, *BACKENDS)
 
 
-def make_app(settings: ServerSettings | None = None, backend: AbstractRWKV | None = None) -> FastAPI:
-    app = create_app(settings or ServerSettings(), registry=TEST_REGISTRY)
+def make_app(settings: ServerSettings | None = None, backend: AbstractRWKV | None = None, route_modules: Sequence[str] = ROUTE_MODULES) -> FastAPI:
+    app = create_app(settings or ServerSettings(), registry=TEST_REGISTRY, route_modules=route_modules)
     if backend is not None:
         install_backend(app, backend)
     return app

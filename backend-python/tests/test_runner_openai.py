@@ -8,7 +8,8 @@ from collections.abc import Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from runner.context import app_context, register_native_batch_handler
+from runner.app import ROUTE_MODULES
+from runner.context import register_native_batch_handler
 from runner.interface import BackendError, SamplingDefaults
 from runner.prompts import DEFAULT_CHAT_STOPS
 from runner_fakes import ScriptedBackend, make_app, settings_with, sse_payloads
@@ -200,15 +201,17 @@ def test_no_model_loaded_is_503() -> None:
     assert response.status_code == 503 and response.json()["error"]["type"] == "service_unavailable"
 
 
-def test_contents_without_messages_needs_the_native_handler(client: TestClient) -> None:
-    response = client.post("/v1/chat/completions", json={"contents": ["Hi"]})
+def test_contents_without_messages_needs_the_native_handler(backend: ScriptedBackend) -> None:
+    without_native = [m for m in ROUTE_MODULES if m != "runner.routes.native"]
+    with TestClient(make_app(backend=backend, route_modules=without_native)) as client:
+        response = client.post("/v1/chat/completions", json={"contents": ["Hi"]})
     assert response.status_code == 400 and "native" in response.json()["error"]["message"]
 
 
 def test_contents_without_messages_goes_to_the_registered_native_handler(backend: ScriptedBackend) -> None:
     from fastapi.responses import JSONResponse
 
-    app = make_app(backend=backend)
+    app = make_app(backend=backend, route_modules=[m for m in ROUTE_MODULES if m != "runner.routes.native"])
     seen: list[dict] = []
 
     async def native(request: object, payload: dict) -> JSONResponse:
@@ -250,3 +253,25 @@ def test_n_choices_on_a_concurrent_backend_run_together_and_keep_their_indices()
         text_by_index[choice["index"]] = text_by_index.get(choice["index"], "") + choice["text"]
     assert text_by_index == {0: "s5!", 1: "s6!", 2: "s7!"}
     assert backend.max_active == 3
+
+
+def test_a_client_that_leaves_a_stream_aborts_its_generation(monkeypatch: pytest.MonkeyPatch) -> None:
+    import time
+
+    import httpx
+
+    from runner_fakes import live_server
+
+    monkeypatch.setenv("ALBATROSS_DISCONNECT_CHECK_INTERVAL", "4")
+    backend = ScriptedBackend([f"t{i} " for i in range(100_000)], piece_delay_s=0.001)
+    with live_server(make_app(settings_with(max_tokens=200_000), backend)) as base_url:
+        with httpx.stream("POST", base_url + "/v1/completions", json={"prompt": "x", "stream": True, "max_tokens": 100_000}) as response:
+            lines = response.iter_lines()
+            received = [next(lines) for _ in range(6)]
+        assert any(line.startswith("data: ") for line in received)
+        for _ in range(1000):  # wait for the server to notice; the bound only guards a hang
+            if backend.aborted:
+                break
+            time.sleep(0.01)
+    assert len(backend.aborted) == 1 and not backend.finished, "the backend iterator must be closed (aborted) when the client leaves"
+    assert backend.active == 0
