@@ -138,7 +138,9 @@ export function ConfigsPage({
               ))}
             </Select>
           </Field>
-          <Button onClick={() => void refreshModels()}>{t("configsRefresh")}</Button>
+          <Button onClick={() => void refreshModels()} data-testid="configs-refresh">
+            {t("configsRefresh")}
+          </Button>
         </div>
         {models !== null && models.length === 0 && <Text>{t("configsNoModels")}</Text>}
         {modelsError && <ErrorBar title={t("configsModelsFailed")} text={modelsError} />}
