@@ -18,15 +18,14 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass, field
 
 import torch
 
 from albatross.detokenizer import TextStream
 from albatross.model import RWKV7
-from albatross.sampler import PenaltyPool, SamplingBatch, TopLogprobs, sample, seed_to_seed32, top_logprobs
-from albatross.state import StatePool
+from albatross.sampler import TopLogprobs, seed_to_seed32
 from albatross.tokenizer import Tokenizer
+from albatross_engine.device_step import DeviceStep, IssuedStep
 from albatross_engine.config import AlbatrossBackendConfig
 from albatross_engine.metrics import WorkerMetrics
 from albatross_engine.scheduler import Row, RowKind, Scheduler, StepPlan
@@ -37,26 +36,6 @@ from runner.interface import BackendError, GenerationEvent, TokenLogprob
 logger = logging.getLogger(__name__)
 
 ModelLoader = Callable[[torch.device], RWKV7]
-_STATE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
-
-
-@dataclass(slots=True)
-class IssuedStep:
-    """A step sent to the device; its sampled ids reach the host on first `token_ids()`."""
-
-    plan: StepPlan
-    host_ids: torch.Tensor | None = None  # filled asynchronously on a GPU
-    copied: torch.cuda.Event | None = None
-    logprobs: TopLogprobs | None = None
-    logprob_rows: dict[int, int] = field(default_factory=dict)  # sample row -> row of `logprobs`
-    _ids: list[int] | None = None
-
-    def token_ids(self) -> list[int]:
-        if self._ids is None:
-            if self.copied is not None:
-                self.copied.synchronize()
-            self._ids = [] if self.host_ids is None else self.host_ids.tolist()
-        return self._ids
 
 
 class Worker:
@@ -77,7 +56,6 @@ class Worker:
         self.metrics = WorkerMetrics()
         self.ready: Future[None] = Future()
         self.store: StateStore | None = None  # set by the engine before any request arrives
-        self.model: RWKV7 | None = None
         self.overlap = config.overlap if config.overlap is not None else device.type == "cuda"
         self._loader = loader
         self._prompt_ends = prompt_ends or PromptEndIndex()
@@ -90,11 +68,8 @@ class Worker:
         self._closed = False
         self._stopping = False
         self._outbox = EventOutbox()
-        self._pool: StatePool | None = None
-        self._penalties: PenaltyPool | None = None
-        self._decode_graphs: object | None = None
+        self.device_step: DeviceStep | None = None
         self._pending: IssuedStep | None = None  # issued, host work not done yet (overlap)
-        self._last_issued: IssuedStep | None = None  # its sampled ids feed the next decode rows
         self._thread = threading.Thread(target=self._run, name=f"albatross-worker-{index}", daemon=True)
 
     # ---------------------------------------------------------------------------- other threads
@@ -102,6 +77,10 @@ class Worker:
     @property
     def load(self) -> int:
         return self._load
+
+    @property
+    def model(self) -> RWKV7 | None:
+        return None if self.device_step is None else self.device_step.model
 
     @property
     def alive(self) -> bool:
@@ -158,11 +137,7 @@ class Worker:
     def _load_model(self) -> None:
         model = self._loader(self.device)
         self.device = model.device
-        self.model = model
-        self._pool = model.new_pool(self.config.batch_size, _STATE_DTYPES[self.config.state_dtype])
-        self._penalties = PenaltyPool(self.config.batch_size, model.config.vocab_size, model.device)
-        if self.device.type == "cuda" and self.config.cuda_graphs:
-            self._decode_graphs = _decode_graph_runner(model, self._pool, self.config.batch_size)
+        self.device_step = DeviceStep(model, self.config.batch_size, self.config.state_dtype, self.config.cuda_graphs)
 
     def _serve(self) -> None:
         while True:
@@ -212,11 +187,10 @@ class Worker:
     # ---------------------------------------------------------------------------- admission
 
     def _admit(self, tasks: list[EngineTask]) -> None:
-        assert self._pool is not None and self._penalties is not None and self.model is not None
-        slots = [task.slot for task in tasks]
-        self._pool.reset(slots)
-        self._penalties.reset(slots)
-        vocab = self.model.config.vocab_size
+        device_step = self.device_step
+        assert device_step is not None
+        device_step.reset_slots([task.slot for task in tasks])
+        vocab = device_step.vocab_size
         for task in tasks:
             try:
                 if task.prompt_tokens and not (0 <= min(task.prompt_tokens) and max(task.prompt_tokens) < vocab):
@@ -224,7 +198,7 @@ class Worker:
                 task.seed32 = seed_to_seed32(task.seed)
                 task.text_stream = TextStream(self.tokenizer, task.sampling.stop)
                 if task.load_key is not None:
-                    self._pool.write(task.slot, self._load_state(task.load_key))
+                    device_step.write_state(task.slot, self._load_state(task.load_key))
                 elif task.use_prefix_cache and self.store is not None:
                     self._resume_prefix(task)
                 if not task.prompt_tokens:  # a loaded state with nothing to generate
@@ -239,7 +213,7 @@ class Worker:
         return state
 
     def _resume_prefix(self, task: EngineTask) -> None:
-        assert self._pool is not None and self.store is not None
+        assert self.device_step is not None and self.store is not None
         task.prefix_hasher = PrefixHasher(task.prompt_tokens)
         lengths = prefix_lookup_lengths(task.prompt_len, self._prompt_ends.below(task.prompt_len))
         lookup = PrefixHasher(task.prompt_tokens)
@@ -247,7 +221,7 @@ class Worker:
         for length, key in reversed(keys):
             state = self.store.get(key) if self.store.contains(key) else None
             if state is not None:
-                self._pool.write(task.slot, state)
+                self.device_step.write_state(task.slot, state)
                 task.prompt_pos = task.cached_prompt_tokens = length
                 break
         self.metrics.record_prefix_lookup(task.cached_prompt_tokens)
@@ -255,52 +229,14 @@ class Worker:
     # ---------------------------------------------------------------------------- the device step
 
     def _issue(self, plan: StepPlan) -> IssuedStep:
-        assert self.model is not None and self._pool is not None and self._penalties is not None
-        previous_ids = self._last_issued.token_ids() if plan.decode_tokens and self._last_issued else []
-        slots = [row.slot for row in plan.rows]
-        tokens = [
-            row.task.prompt_tokens[row.start : row.stop] if row.kind is RowKind.PREFILL else [previous_ids[row.input_row]]
-            for row in plan.rows
-        ]
-        if self._decode_graphs is not None and not plan.prefill_tokens:
-            logits = self._decode_graphs.forward(self._pool, slots, tokens)  # type: ignore[attr-defined]
-        else:
-            logits = self.model.forward(self._pool, slots, tokens)
-        issued = IssuedStep(plan)
-        if plan.sample_count:
-            self._sample(plan, logits, issued)
-        self._last_issued = issued
+        assert self.device_step is not None
+        issued = self.device_step.issue(plan)
         for row in plan.rows:  # states that only needed this step's forward to be issued
             if row.prefix_checkpoint:
                 self._save_prefix(row)
             if row.kind is RowKind.FEED and row.task.finished:
                 self._save_final(row.task)
         return issued
-
-    def _sample(self, plan: StepPlan, logits: torch.Tensor, issued: IssuedStep) -> None:
-        assert self._penalties is not None
-        positions = [i for i, row in enumerate(plan.rows) if row.samples]
-        rows = [plan.rows[i] for i in positions]
-        if len(positions) != len(plan.rows):
-            logits = logits.index_select(0, torch.tensor(positions, device=logits.device))
-        tasks = [row.task for row in rows]
-        batch = SamplingBatch.from_params(
-            [t.sampling for t in tasks], [t.seed32 for t in tasks], [t.sampled - 1 for t in tasks], self.device
-        )
-        slot_index = torch.tensor([row.slot for row in rows], dtype=torch.int64, device=self.device)
-        ids = sample(logits, slot_index, batch, self._penalties)
-        wanted = [i for i, t in enumerate(tasks) if t.sampling.logprobs is not None]
-        if wanted:
-            index = torch.tensor(wanted, device=self.device)
-            k = max(tasks[i].sampling.logprobs or 0 for i in wanted)
-            issued.logprobs = top_logprobs(logits.index_select(0, index), k, ids.index_select(0, index))
-            issued.logprob_rows = {sample_row: n for n, sample_row in enumerate(wanted)}
-        if self.device.type == "cuda":
-            issued.host_ids = ids.to("cpu", non_blocking=True)
-            issued.copied = torch.cuda.Event()
-            issued.copied.record()
-        else:
-            issued.host_ids = ids
 
     # ---------------------------------------------------------------------------- host work
 
@@ -388,13 +324,13 @@ class Worker:
     def _save_final(self, task: EngineTask) -> None:
         """The final state (prompt and every generated token fed) goes to the store, then the
         held final event goes out: a client told "stop" can rely on the saved state."""
-        assert self._pool is not None and task.save_key is not None
+        assert self.device_step is not None and task.save_key is not None
         event = task.held_event or self._event(task)
         task.held_event = None
         try:
             if self.store is None:
                 raise BackendError(400, "this albatross engine has no state cache")
-            self.store.put(task.save_key, self._pool.read(task.slot, device=self.device))
+            self.store.put(task.save_key, self.device_step.read_state(task.slot))
             self.metrics.record_state_save()
         except Exception as error:
             logger.exception("albatross worker %d: saving state %r failed", self.index, task.save_key)
@@ -404,11 +340,11 @@ class Worker:
 
     def _save_prefix(self, row: Row) -> None:
         task = row.task
-        assert self._pool is not None and task.prefix_hasher is not None
+        assert self.device_step is not None and task.prefix_hasher is not None
         try:
             key = task.prefix_hasher.key_at(row.stop)
             if self.store is not None and not self.store.contains(key):
-                self.store.put(key, self._pool.read(row.slot, device=self.device))
+                self.store.put(key, self.device_step.read_state(row.slot))
                 self.metrics.record_state_save()
             if row.stop == task.prompt_len:
                 self._prompt_ends.add(row.stop)
@@ -470,14 +406,13 @@ class Worker:
 
     def _fail_rows(self, rows: list[Row], error: BaseException) -> None:
         """A step failed: fail its tasks and reset their slots (a failing reset kills the worker)."""
-        assert self._pool is not None and self._penalties is not None
+        assert self.device_step is not None
         slots = sorted({row.slot for row in rows})
         for row in rows:
             self._fail(row.task, error)
-        self._last_issued = None
+        self.device_step.forget_last_step()
         if slots:
-            self._pool.reset(slots)
-            self._penalties.reset(slots)
+            self.device_step.reset_slots(slots)
 
     # ---------------------------------------------------------------------------- bookkeeping
 
@@ -486,8 +421,8 @@ class Worker:
         if plan:
             metrics.record_step(time.perf_counter() - started, plan.decode_tokens, plan.prefill_tokens)
         metrics.set_occupancy(len(self._scheduler.running), len(self._scheduler.waiting))
-        if self.device.type == "cuda":
-            metrics.set_peak_memory(torch.cuda.max_memory_allocated(self.device))
+        if self.device_step is not None and self.device.type == "cuda":
+            metrics.set_peak_memory(self.device_step.peak_memory_bytes())
 
     def _shut_down(self, error: BackendError) -> None:
         """Fail every task this worker holds or has queued, and take no more."""
@@ -504,27 +439,10 @@ class Worker:
         self._outbox.flush()
         with self._cond:
             self._load = 0
-        self._pending = self._last_issued = None
+        self._pending = None
 
     def _release_device(self) -> None:
-        self.model = None
-        self._pool = self._penalties = self._decode_graphs = None
-        self._pending = self._last_issued = None
+        self.device_step = None
+        self._pending = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
-
-
-def _decode_graph_runner(model: RWKV7, pool: StatePool, batch_size: int) -> object | None:
-    """The CUDA-graph seam: `albatross.cuda_graphs.DecodeGraphRunner(model, pool, max_batch)` with
-    `forward(pool, slots, tokens)` (one token per slot, the contract of `model.forward`), when the
-    kernels provide it; otherwise decode runs eagerly."""
-    try:
-        from albatross.cuda_graphs import DecodeGraphRunner  # type: ignore[import-not-found]
-    except ImportError:
-        return None
-    try:
-        return DecodeGraphRunner(model, pool, batch_size)
-    except Exception:
-        logger.exception("CUDA graphs unavailable; decoding eagerly")
-        return None
-

@@ -111,13 +111,13 @@ def test_a_failed_step_fails_its_tasks_and_the_worker_recovers(engine: Albatross
 
 def test_when_the_engine_dies_waiting_and_later_requests_get_503_at_once(engine: AlbatrossRWKV) -> None:
     worker = engine.core.workers[0]
-    assert worker.model is not None and worker._pool is not None  # noqa: SLF001
+    assert worker.model is not None and worker.device_step is not None
 
     def lost(*args: object, **kwargs: object) -> None:
         raise RuntimeError("device lost")
 
     worker.model.forward = lost  # type: ignore[method-assign]
-    worker._pool.reset = lost  # type: ignore[method-assign]  # noqa: SLF001 - recovery fails too: the worker dies
+    worker.device_step.pool.reset = lost  # type: ignore[method-assign]  # recovery fails too: the worker dies
     results = run_all(engine, [GenerationRequest([1, 2, 3], GREEDY) for _ in range(8)])  # 4 slots: 4 wait
     for result in results:
         if isinstance(result, BackendError):

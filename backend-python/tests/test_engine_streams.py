@@ -150,3 +150,19 @@ def test_the_sync_generator_yields_the_same_events_as_the_async_one(engine: Alba
 
 async def _collect(backend: AlbatrossRWKV, request: GenerationRequest) -> list[GenerationEvent]:
     return [event async for event in backend.async_generate(request)]
+
+
+def test_logprobs_report_the_chosen_token_and_the_top_k(engine: AlbatrossRWKV) -> None:
+    params = SamplingParams(max_tokens=3, temperature=0.0, frequency_penalty=0.0, stop_token_ids=(), logprobs=2)
+    events = asyncio.run(_collect(engine, GenerationRequest([14, 15], params)))
+    for event in events:
+        assert event.logprobs is not None and len(event.logprobs) == 1
+        entry = event.logprobs[0]
+        assert entry.token_id == event.token_ids[0] and entry.text == engine.decode([entry.token_id])
+        assert len(entry.top) == 2 and entry.top[0][2] >= entry.top[1][2], f"top-2 in descending order: {entry.top}"
+        assert entry.top[0][0] == entry.token_id and entry.logprob == pytest.approx(entry.top[0][2]), (
+            "greedy without penalties picks the most likely token"
+        )
+        assert entry.logprob <= 0.0
+    plain = asyncio.run(_collect(engine, GenerationRequest([14, 15], greedy(3))))
+    assert all(e.logprobs is None for e in plain), "no logprobs unless asked"
