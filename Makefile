@@ -1,0 +1,67 @@
+# Thin targets. The two that matter: `make serve` and `make test` (see README.md).
+#   make serve [MODEL=/path/model.pth] [STRATEGY="albatross workers=1 batch=32"] [PORT=8000] [HOST=127.0.0.1] [PASSWORD=...]
+#   make test
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(CURDIR)/$(VENV)/bin/python
+HOST ?= 127.0.0.1
+PORT ?= 8000
+MODEL ?=
+STRATEGY ?=
+PASSWORD ?=
+BENCH ?= bench_model
+DEMO_MODEL := $(CURDIR)/models/rwkv7-demo-tiny.pth
+MODEL_PATH := $(if $(MODEL),$(abspath $(MODEL)),$(DEMO_MODEL))
+
+.PHONY: serve test deps test-deps demo-model frontend frontend-test bench kernels
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# torch: keep whatever build is already there (a GPU image brings its own); else the pinned wheel.
+$(VENV)/.deps: backend-python/requirements.txt | $(PY)
+	$(PY) -m pip install -q -r backend-python/requirements.txt
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q torch==2.13.0
+	touch $@
+
+$(VENV)/.test-deps: backend-python/requirements-test.txt $(VENV)/.deps
+	$(PY) -m pip install -q -r backend-python/requirements-test.txt
+	touch $@
+
+deps: $(VENV)/.deps
+test-deps: $(VENV)/.test-deps
+
+$(DEMO_MODEL): | $(VENV)/.deps
+	cd backend-python && $(PY) -m albatross.random_checkpoint --shape tiny --output $(DEMO_MODEL)
+
+demo-model: $(DEMO_MODEL)
+
+# Build the web GUI once when it is missing; without npm the API is served alone.
+frontend:
+	@if [ ! -f frontend/package.json ]; then echo "no frontend/: API only"; \
+	elif [ -f frontend/dist/index.html ]; then echo "web GUI already built (frontend/dist)"; \
+	elif ! command -v npm >/dev/null 2>&1; then echo "npm not found: skipping the web GUI build (API only)"; \
+	else (cd frontend && npm ci && npm run build); fi
+
+serve: deps frontend $(if $(MODEL),,demo-model)
+	cd backend-python && exec $(PY) main.py --host $(HOST) --port $(PORT) \
+		--model-path "$(MODEL_PATH)" --models-dir "$(CURDIR)/models" \
+		$(if $(STRATEGY),--strategy "$(STRATEGY)") $(if $(PASSWORD),--password "$(PASSWORD)") \
+		$$([ -f ../frontend/dist/index.html ] && echo --webui)
+
+frontend-test:
+	@if [ ! -f frontend/package.json ]; then echo "no frontend/: no frontend tests"; \
+	elif [ -f frontend/Makefile ]; then $(MAKE) -C frontend test; \
+	else (cd frontend && ([ -d node_modules ] || npm ci) && npm test); fi
+
+# pytest exits non-zero when a test fails and 5 when it collected none: both fail the target.
+test: test-deps
+	cd backend-python && $(PY) -m pytest -q
+	$(MAKE) frontend-test
+
+bench: deps
+	cd backend-python && $(PY) -m bench.$(BENCH) $(ARGS)
+
+kernels: deps
+	$(PY) build_kernels.py $(ARGS)
