@@ -21,7 +21,8 @@ import torch
 
 from albatross.model import RWKV7
 from albatross.ops import FlatBatch
-from albatross.sampler import PenaltyPool, SamplingBatch, TopLogprobs, sample, top_logprobs
+from albatross import cuda_ops
+from albatross.sampler import PenaltyPool, SamplingBatch, TopLogprobs, top_logprobs
 from albatross.state import SlotState, StatePool
 from albatross_engine.scheduler import RowKind, StepPlan
 
@@ -121,7 +122,7 @@ class DeviceStep:
             [t.sampling for t in tasks], [t.seed32 for t in tasks], [t.sampled - 1 for t in tasks], self.device
         )
         slot_index = torch.tensor([row.slot for row in rows], dtype=torch.int64, device=self.device)
-        ids = sample(logits, slot_index, batch, self.penalties)
+        ids = cuda_ops.sample(logits, slot_index, batch, self.penalties)  # the CUDA kernel when loaded
         issued.ids = ids
         wanted = [i for i, t in enumerate(tasks) if t.sampling.logprobs is not None]
         if wanted:

@@ -21,6 +21,7 @@ from concurrent.futures import Future
 
 import torch
 
+from albatross import cuda_ops
 from albatross.detokenizer import TextStream
 from albatross.model import RWKV7
 from albatross.sampler import TopLogprobs, seed_to_seed32
@@ -135,6 +136,8 @@ class Worker:
             self._release_device()
 
     def _load_model(self) -> None:
+        if self.device.type == "cuda":
+            cuda_ops.enable_cuda_kernels()  # once per process: prebuilt binary, else JIT, else torch ops
         model = self._loader(self.device)
         self.device = model.device
         self.device_step = DeviceStep(model, self.config.batch_size, self.config.state_dtype, self.config.cuda_graphs)
