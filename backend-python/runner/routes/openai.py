@@ -122,7 +122,7 @@ async def run_completion(
     state: StateRef | None = None,
 ) -> Response:
     ctx = context(request)
-    ctx.metrics.count_request(request.url.path)
+    ctx.metrics.count_request(request.scope["path"])
     try:
         return await _run_completion(ctx, request, kind, body, prompts, max_tokens, stops, overrides, logprobs, state)
     except (ApiError, BackendError) as exc:
