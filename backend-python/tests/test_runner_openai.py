@@ -275,3 +275,19 @@ def test_a_client_that_leaves_a_stream_aborts_its_generation(monkeypatch: pytest
             time.sleep(0.01)
     assert len(backend.aborted) == 1 and not backend.finished, "the backend iterator must be closed (aborted) when the client leaves"
     assert backend.active == 0
+
+
+def test_an_unexpected_failure_is_a_500_whose_request_id_matches_the_log(caplog: pytest.LogCaptureFixture) -> None:
+    backend = ScriptedBackend()
+
+    def broken_encode(text: str) -> list[int]:
+        raise RuntimeError("tokenizer exploded")
+
+    backend.encode = broken_encode  # type: ignore[method-assign]
+    with TestClient(make_app(backend=backend), raise_server_exceptions=False) as client:
+        response = client.post("/v1/completions", json={"prompt": "x"})
+    assert response.status_code == 500
+    error = response.json()["error"]
+    assert error["type"] == "server_error" and "tokenizer exploded" not in error["message"]
+    logged = [r for r in caplog.records if error["request_id"] in r.getMessage()]
+    assert logged and logged[0].exc_info is not None, "the traceback is logged under the request id"
