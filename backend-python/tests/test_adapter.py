@@ -57,9 +57,12 @@ def test_status_shows_the_effective_config_and_live_metrics(backend: AlbatrossRW
     assert status["steps"] >= 2 and status["active_slots"] == 0
 
 
-def test_create_backend_parses_the_strategy(tiny_checkpoint: Path, caplog: pytest.LogCaptureFixture) -> None:
+def test_create_backend_parses_the_strategy(
+    tiny_checkpoint: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    settings = ServerSettings(state_cache_path=tmp_path / "states.sqlite3")
     with caplog.at_level(logging.INFO, logger="albatross_engine.adapter"):
-        engine = create_backend(str(tiny_checkpoint), "albatross workers=1 batch=5 prefill_chunk=64", ServerSettings())
+        engine = create_backend(str(tiny_checkpoint), "albatross workers=1 batch=5 prefill_chunk=64", settings)
     try:
         assert (engine.config.worker_num, engine.config.batch_size, engine.config.prefill_chunk) == (1, 5, 64)
         assert engine.settings is not None

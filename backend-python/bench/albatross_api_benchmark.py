@@ -1,0 +1,202 @@
+"""HTTP benchmark: a concurrency sweep of streaming requests against a running server.
+
+For each concurrency level it keeps that many streams open until `--requests` (default: the level)
+have completed, and reports TTFT, generated tokens, wall time, tokens/s and the p50/p90/p99 of
+TTFT and of the inter-token latency (time between content chunks, spread over the tokens they
+carry). Prints a table and writes JSON.
+
+    python main.py --model models/x.pth --strategy "albatross workers=1 batch=960" &
+    python bench/albatross_api_benchmark.py --url http://127.0.0.1:8000 --concurrency 1,64,256,960 \
+        --max-tokens 256 --json out/api.json
+
+CPU check with a tiny model: `--concurrency 1,4 --max-tokens 8`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+WORDS = ("river", "engine", "quiet", "lantern", "orbit", "maple", "signal", "harbor", "copper", "meadow")
+
+
+@dataclass(slots=True)
+class StreamResult:
+    ok: bool = False
+    status: int = 0
+    error: str = ""
+    ttft_s: float = 0.0
+    completion_tokens: int = 0
+    chunk_times: list[float] = field(default_factory=list)  # seconds since the request started
+    chunk_tokens: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class LevelSummary:
+    concurrency: int
+    requests: int
+    failed: int
+    generated_tokens: int
+    wall_s: float
+    tokens_per_s: float
+    ttft_ms: dict[str, float]
+    inter_token_ms: dict[str, float]
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": 0.0, "p90": 0.0, "p99": 0.0}
+    ordered = sorted(values)
+    return {f"p{int(q * 100)}": ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000.0 for q in (0.5, 0.9, 0.99)}
+
+
+def make_body(args: argparse.Namespace, rng: random.Random) -> dict[str, object]:
+    text = " ".join(rng.choice(WORDS) for _ in range(args.prompt_words))
+    body: dict[str, object] = {
+        "model": "bench",
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": args.max_tokens,
+        "temperature": args.temperature,
+        "top_p": 0.6,
+        "stop": [],
+        "seed": rng.randrange(2**31),
+    }
+    if args.route == "chat":
+        body["messages"] = [{"role": "user", "content": text}]
+    else:
+        body["prompt"] = text
+    return body
+
+
+async def one_stream(client: httpx.AsyncClient, path: str, body: dict[str, object], headers: dict[str, str]) -> StreamResult:
+    result = StreamResult()
+    start = time.perf_counter()
+    try:
+        async with client.stream("POST", path, json=body, headers=headers) as response:
+            result.status = response.status_code
+            if response.status_code != 200:
+                result.error = (await response.aread()).decode(errors="replace")[:200]
+                return result
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                payload = line[6:]
+                if payload == "[DONE]":
+                    break
+                data = json.loads(payload)
+                if "error" in data:
+                    result.error = str(data["error"])[:200]
+                    return result
+                usage = data.get("usage")
+                if usage:
+                    result.completion_tokens = int(usage.get("completion_tokens", 0))
+                for choice in data.get("choices", []):
+                    text = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
+                    if text:
+                        now = time.perf_counter() - start
+                        if not result.chunk_times:
+                            result.ttft_s = now
+                        result.chunk_times.append(now)
+                        result.chunk_tokens.append(1)
+        result.ok = True
+        if not result.completion_tokens:
+            result.completion_tokens = sum(result.chunk_tokens)
+    except (httpx.HTTPError, json.JSONDecodeError) as error:
+        result.error = f"{type(error).__name__}: {error}"
+    return result
+
+
+def inter_token_gaps(result: StreamResult) -> list[float]:
+    """Gaps between content chunks, each spread over the tokens the stream produced per chunk."""
+    times = result.chunk_times
+    if len(times) < 2:
+        return []
+    tokens_per_chunk = max(1.0, result.completion_tokens / len(times))
+    return [(b - a) / tokens_per_chunk for a, b in zip(times, times[1:])]
+
+
+async def run_level(args: argparse.Namespace, concurrency: int) -> LevelSummary:
+    total = args.requests or concurrency
+    rng = random.Random(args.seed + concurrency)
+    bodies = [make_body(args, rng) for _ in range(total)]
+    headers = {"Authorization": f"Bearer {args.password}"} if args.password else {}
+    path = "/v1/chat/completions" if args.route == "chat" else "/v1/completions"
+    limits = httpx.Limits(max_connections=concurrency + 8, max_keepalive_connections=concurrency + 8)
+    timeout = httpx.Timeout(args.timeout, connect=30.0)
+    queue: asyncio.Queue[dict[str, object]] = asyncio.Queue()
+    for body in bodies:
+        queue.put_nowait(body)
+    results: list[StreamResult] = []
+    async with httpx.AsyncClient(base_url=args.url, limits=limits, timeout=timeout) as client:
+
+        async def lane() -> None:
+            while not queue.empty():
+                body = queue.get_nowait()
+                results.append(await one_stream(client, path, body, headers))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(lane() for _ in range(min(concurrency, total))))
+        wall = time.perf_counter() - start
+    good = [r for r in results if r.ok]
+    failed = [r for r in results if not r.ok]
+    if failed:
+        print(f"  {len(failed)} failed at concurrency {concurrency}; first: {failed[0].status} {failed[0].error}")
+    generated = sum(r.completion_tokens for r in good)
+    return LevelSummary(
+        concurrency=concurrency,
+        requests=total,
+        failed=len(failed),
+        generated_tokens=generated,
+        wall_s=wall,
+        tokens_per_s=generated / wall if wall > 0 else 0.0,
+        ttft_ms=percentiles([r.ttft_s for r in good if r.chunk_times]),
+        inter_token_ms=percentiles([g for r in good for g in inter_token_gaps(r)]),
+    )
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--url", default="http://127.0.0.1:8000")
+    parser.add_argument("--password")
+    parser.add_argument("--route", choices=("chat", "completions"), default="chat")
+    parser.add_argument("--concurrency", default="1,16,64,256,960", help="comma-separated levels")
+    parser.add_argument("--requests", type=int, default=0, help="requests per level (default: the level)")
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--prompt-words", type=int, default=64)
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+
+    levels = [int(level) for level in args.concurrency.split(",") if level]
+    summaries = []
+    for level in levels:
+        summary = asyncio.run(run_level(args, level))
+        summaries.append(summary)
+        print(f"concurrency {level}: {summary.tokens_per_s:.1f} tok/s", flush=True)
+
+    print(f"\n{args.url} {args.route} max_tokens={args.max_tokens}")
+    print(f"{'conc':>6}{'reqs':>6}{'fail':>6}{'gen tok':>10}{'wall s':>9}{'tok/s':>10}"
+          f"{'TTFT p50':>10}{'p90':>9}{'p99':>9}{'ITL p50':>9}{'p90':>8}{'p99':>8}  (ms)")
+    for s in summaries:
+        print(f"{s.concurrency:>6}{s.requests:>6}{s.failed:>6}{s.generated_tokens:>10}{s.wall_s:>9.2f}{s.tokens_per_s:>10.1f}"
+              f"{s.ttft_ms['p50']:>10.1f}{s.ttft_ms['p90']:>9.1f}{s.ttft_ms['p99']:>9.1f}"
+              f"{s.inter_token_ms['p50']:>9.2f}{s.inter_token_ms['p90']:>8.2f}{s.inter_token_ms['p99']:>8.2f}")  # fmt: skip
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"url": args.url, "route": args.route, "max_tokens": args.max_tokens,
+                                         "levels": [asdict(s) for s in summaries]}, indent=2))  # fmt: skip
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,199 @@
+"""Engine-level benchmark: many requests in flight through AlbatrossRWKV.async_generate, in process
+(no HTTP). Reports tokens/s delivered to the adapter's callers, TTFT and inter-token latency
+percentiles, and the engine's own step metrics. Prints a table and writes JSON.
+
+GPU (the lead's run; random weights of a real shape, built on the GPU in seconds):
+
+    python bench/engine_benchmark.py --shape 7.2b --requests 960 --batch 960 --json out/engine.json
+
+CPU check with a tiny model:
+
+    python bench/engine_benchmark.py --shape 2x128 --device cpu --requests 16 --batch 8 \
+        --prompt-min 8 --prompt-max 32 --max-tokens 8
+
+`--model PATH` serves a checkpoint file instead of random weights. Stops are off (no stop strings,
+no stop token), so every request generates exactly `--max-tokens` tokens.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import platform
+import random
+import statistics
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from albatross import cuda_ops  # noqa: E402
+from albatross.model import RWKV7  # noqa: E402
+from albatross.random_checkpoint import random_state_dict  # noqa: E402
+from albatross_engine.adapter import AlbatrossRWKV, parse_random_spec  # noqa: E402
+from runner.interface import GenerationRequest, SamplingParams  # noqa: E402
+
+
+@dataclass(slots=True)
+class RequestTiming:
+    prompt_tokens: int
+    ttft_s: float = 0.0
+    gaps_s: list[float] = field(default_factory=list)  # between consecutive token-bearing events, per token
+    tokens: int = 0
+    finish_reason: str | None = None
+
+
+@dataclass(slots=True)
+class Summary:
+    requests: int
+    batch: int
+    prompt_tokens: int
+    generated_tokens: int
+    wall_s: float
+    tokens_per_s: float
+    ttft_ms: dict[str, float]
+    inter_token_ms: dict[str, float]
+    engine: dict[str, object]
+    device: str
+    model: str
+
+
+def percentiles(values: list[float]) -> dict[str, float]:
+    if not values:
+        return {"p50": 0.0, "p90": 0.0, "p99": 0.0, "mean": 0.0}
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000.0
+
+    return {"p50": at(0.5), "p90": at(0.9), "p99": at(0.99), "mean": statistics.fmean(ordered) * 1000.0}
+
+
+def build_backend(args: argparse.Namespace) -> AlbatrossRWKV:
+    extras: dict[str, object] = {"prefill_chunk": args.prefill_chunk, "prefill_budget": args.prefill_budget}
+    if args.overlap is not None:
+        extras["overlap"] = args.overlap == "on"
+    if args.model:
+        return AlbatrossRWKV(args.model, 1, args.batch, device=args.device, **extras)
+    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = torch.float16 if device.type == "cuda" else torch.float32
+    if device.type == "cuda":
+        cuda_ops.enable_cuda_kernels()
+    shape, seed = parse_random_spec(args.shape)
+    started = time.perf_counter()
+    weights = random_state_dict(shape, seed=seed, device=device, dtype=dtype)
+    model = RWKV7.from_state_dict(weights, device, dtype, name=f"random-{args.shape}", progress=False)
+    print(f"built random {args.shape} (layers {shape.n_layer}, width {shape.n_embd}) on {device} "
+          f"in {time.perf_counter() - started:.1f}s", flush=True)
+    return AlbatrossRWKV(f"random:{args.shape}", 1, args.batch, model=model, **extras)
+
+
+async def one_request(backend: AlbatrossRWKV, request: GenerationRequest, timing: RequestTiming, start: float) -> None:
+    last = start
+    async for event in backend.async_generate(request):
+        now = time.perf_counter()
+        count = len(event.token_ids)
+        if count:
+            if timing.tokens == 0:
+                timing.ttft_s = now - start
+            else:
+                timing.gaps_s.extend([(now - last) / count] * count)
+            timing.tokens += count
+            last = now
+        if event.finish_reason is not None:
+            timing.finish_reason = event.finish_reason
+
+
+async def run(backend: AlbatrossRWKV, args: argparse.Namespace) -> tuple[list[RequestTiming], float]:
+    rng = random.Random(args.seed)
+    params = SamplingParams(
+        max_tokens=args.max_tokens, temperature=1.0, top_p=0.6, top_k=50, presence_penalty=0.5,
+        frequency_penalty=0.1, stop=(), stop_token_ids=(),
+    )  # fmt: skip
+    requests, timings = [], []
+    for index in range(args.requests):
+        length = rng.randint(args.prompt_min, args.prompt_max)
+        prompt = [rng.randrange(1, 65530) for _ in range(length)]
+        requests.append(GenerationRequest(prompt, params, request_id=f"bench-{index}"))
+        timings.append(RequestTiming(prompt_tokens=length))
+    start = time.perf_counter()
+    await asyncio.gather(*(one_request(backend, r, t, start) for r, t in zip(requests, timings)))
+    return timings, time.perf_counter() - start
+
+
+def warm_up(backend: AlbatrossRWKV) -> None:
+    request = GenerationRequest([1, 2, 3, 4], SamplingParams(max_tokens=4, stop_token_ids=()))
+    for _ in backend.generate(request):
+        pass
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="7.2b", help="random weights: a named shape (0.1b .. 7.2b) or LxW (e.g. 2x128)")
+    parser.add_argument("--model", help="a checkpoint path instead of random weights")
+    parser.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda when available)")
+    parser.add_argument("--requests", type=int, default=960)
+    parser.add_argument("--batch", type=int, default=960, help="state slots (the engine's batch size)")
+    parser.add_argument("--prompt-min", type=int, default=64)
+    parser.add_argument("--prompt-max", type=int, default=512)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--prefill-chunk", type=int, default=512)
+    parser.add_argument("--prefill-budget", type=int, default=16384)
+    parser.add_argument("--overlap", choices=("on", "off"), help="default: on for cuda")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
+
+    backend = build_backend(args)
+    try:
+        warm_up(backend)
+        timings, wall = asyncio.run(run(backend, args))
+        engine = backend.status()
+    finally:
+        backend.shutdown()
+
+    generated = sum(t.tokens for t in timings)
+    unfinished = [t for t in timings if t.finish_reason != "length"]
+    if unfinished:
+        print(f"WARNING: {len(unfinished)} requests did not finish by length: {unfinished[0].finish_reason}", flush=True)
+    device = str(engine.get("device"))
+    if device.startswith("cuda"):
+        device += f" ({torch.cuda.get_device_name()})"
+    summary = Summary(
+        requests=args.requests,
+        batch=args.batch,
+        prompt_tokens=sum(t.prompt_tokens for t in timings),
+        generated_tokens=generated,
+        wall_s=wall,
+        tokens_per_s=generated / wall if wall > 0 else 0.0,
+        ttft_ms=percentiles([t.ttft_s for t in timings if t.tokens]),
+        inter_token_ms=percentiles([g for t in timings for g in t.gaps_s]),
+        engine={k: engine[k] for k in ("step_time_ms", "decode_tokens_per_step", "prefill_tokens_per_step",
+                                       "peak_device_memory_bytes", "steps") if k in engine},
+        device=device,
+        model=args.model or f"random:{args.shape}",
+    )  # fmt: skip
+
+    print(f"\n{summary.model} on {summary.device} | torch {torch.__version__} | python {platform.python_version()}")
+    print(f"{'requests':>9}{'batch':>7}{'prompt tok':>12}{'gen tok':>10}{'wall s':>9}{'tok/s':>10}"
+          f"{'TTFT p50':>10}{'p90':>9}{'p99':>9}{'ITL p50':>9}{'p90':>8}{'p99':>8}  (ms)")
+    print(f"{summary.requests:>9}{summary.batch:>7}{summary.prompt_tokens:>12}{summary.generated_tokens:>10}"
+          f"{summary.wall_s:>9.2f}{summary.tokens_per_s:>10.1f}{summary.ttft_ms['p50']:>10.1f}{summary.ttft_ms['p90']:>9.1f}"
+          f"{summary.ttft_ms['p99']:>9.1f}{summary.inter_token_ms['p50']:>9.2f}{summary.inter_token_ms['p90']:>8.2f}"
+          f"{summary.inter_token_ms['p99']:>8.2f}")  # fmt: skip
+    print(f"engine: {summary.engine}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(asdict(summary), indent=2))
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
