@@ -16,6 +16,7 @@ import argparse
 import shutil
 import sys
 import tempfile
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 REPO_ROOT = Path(__file__).resolve().parent
@@ -24,35 +25,42 @@ sys.path.insert(0, str(REPO_ROOT / "backend-python"))
 from albatross import kernel_loader  # noqa: E402  (needs the path above)
 
 
+def _build_one(
+    name: str, arch: str, context: kernel_loader.KernelContext, scratch: Path, output_root: Path, manifest: Path
+) -> kernel_loader.KernelEntry:
+    arch_context = kernel_loader.KernelContext(context.torch, context.cuda, context.python_abi, context.platform, arch)
+    print(f"building {name} for {arch} ...", flush=True)
+    library = Path(kernel_loader.build_in_child_process(name, arch_context, scratch))
+    target_dir = output_root / context.torch_tag / context.platform / context.python_abi / arch
+    target_dir.mkdir(parents=True, exist_ok=True)
+    target = target_dir / f"{name}.so"
+    shutil.copyfile(library, target)
+    entry = kernel_loader.KernelEntry(
+        name=name,
+        torch=context.torch,
+        cuda=str(context.cuda),
+        python_abi=context.python_abi,
+        platform=context.platform,
+        arch=(arch,),
+        path=target.resolve().relative_to(manifest.resolve().parent).as_posix(),
+        sha256=kernel_loader.file_sha256(target),
+        source=kernel_loader.source_digest(name),
+    )
+    print(f"  {name} {arch} -> {entry.path} ({target.stat().st_size / 1e6:.1f} MB, sha256 {entry.sha256[:12]}...)", flush=True)
+    return entry
+
+
 def build(kernels: list[str], archs: list[str], output_root: Path, manifest: Path) -> list[kernel_loader.KernelEntry]:
     context = kernel_loader.current_context()
     if context.cuda is None:
         raise SystemExit(f"torch {kernel_loader.torch.__version__} is a CPU build: building kernels needs a CUDA build of torch")
     entries = kernel_loader.read_manifest(manifest)
-    built: list[kernel_loader.KernelEntry] = []
+    jobs = [(name, arch) for arch in archs for name in kernels]
     with tempfile.TemporaryDirectory(prefix="albatross-build-") as scratch:
-        for arch in archs:
-            arch_context = kernel_loader.KernelContext(context.torch, context.cuda, context.python_abi, context.platform, arch)
-            for name in kernels:
-                print(f"building {name} for {arch} ...", flush=True)
-                library = Path(kernel_loader.build_in_child_process(name, arch_context, Path(scratch)))
-                target_dir = output_root / context.torch_tag / context.platform / context.python_abi / arch
-                target_dir.mkdir(parents=True, exist_ok=True)
-                target = target_dir / f"{name}.so"
-                shutil.copyfile(library, target)
-                entry = kernel_loader.KernelEntry(
-                    name=name,
-                    torch=context.torch,
-                    cuda=context.cuda,
-                    python_abi=context.python_abi,
-                    platform=context.platform,
-                    arch=(arch,),
-                    path=target.resolve().relative_to(manifest.resolve().parent).as_posix(),
-                    sha256=kernel_loader.file_sha256(target),
-                    source=kernel_loader.source_digest(name),
-                )
-                built.append(entry)
-                print(f"  -> {entry.path} ({target.stat().st_size / 1e6:.1f} MB, sha256 {entry.sha256[:12]}...)", flush=True)
+        # Each build is an nvcc process of its own: run them side by side.
+        with ThreadPoolExecutor(max_workers=len(jobs)) as executor:
+            futures = [executor.submit(_build_one, name, arch, context, Path(scratch) / arch, output_root, manifest) for name, arch in jobs]
+            built = [future.result() for future in futures]
     kernel_loader.write_manifest([*entries, *built], manifest)
     return built
 

@@ -1,0 +1,228 @@
+"""Model-level GPU benchmark: decode and prefill throughput of random weights of a real shape,
+fp32 vs 16-bit WKV state (speed and accuracy). Prints a table and writes JSON.
+
+    python bench/bench_model.py --shape 7.2b --json out/bench_model.json
+
+Decode steps include sampling (the CUDA sampler, top-p 0.6 / top-k 50 / penalties) and the one
+host copy of the sampled ids per step, as the engine does them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from albatross import cuda_ops, sampler  # noqa: E402
+from albatross.cuda_graphs import DecodeGraphRunner  # noqa: E402
+from albatross.model import RWKV7  # noqa: E402
+from albatross.random_checkpoint import NAMED_SHAPES, random_state_dict  # noqa: E402
+from albatross.state import StatePool  # noqa: E402
+
+
+@dataclass(slots=True)
+class Result:
+    name: str
+    shape: str
+    batch: int
+    tokens_per_s: float
+    ms_per_step: float
+    note: str = ""
+
+
+def _sampling(rows: int, device: torch.device) -> sampler.SamplingBatch:
+    def full(value: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.full((rows,), value, dtype=dtype, device=device)
+
+    return sampler.SamplingBatch(
+        temperature=full(1.0), top_p=full(0.6), top_k=full(50, torch.int64), presence=full(0.5),
+        frequency=full(0.1), decay=full(0.996), seed32=torch.arange(rows, dtype=torch.int64, device=device) * 7919,
+        step=torch.zeros(rows, dtype=torch.int64, device=device),
+    )  # fmt: skip
+
+
+def bench_decode(model: RWKV7, pool: StatePool, batch: int, steps: int, shape: str, graphs: DecodeGraphRunner | None = None) -> Result:
+    device = model.device
+    slots = list(range(batch))
+    slot_tensor = torch.arange(batch, device=device)
+    penalties = sampler.PenaltyPool(pool.batch_size, model.config.vocab_size, device)
+    sampling = _sampling(batch, device)
+    tokens = torch.randint(0, model.config.vocab_size, (batch,)).tolist()
+    model.forward(pool, slots, [[t] for t in tokens])  # warm-up (kernels, cuBLAS)
+
+    def step(tokens: list[int]) -> list[int]:
+        if graphs is None:
+            logits = model.forward(pool, slots, [[t] for t in tokens])
+        else:
+            logits = graphs.decode(slot_tensor, torch.tensor(tokens, device=device))
+        ids = cuda_ops.sample(logits, slot_tensor, sampling, penalties)
+        sampling.step += 1
+        return ids.tolist()  # the one host sync per step
+
+    tokens = step(tokens)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for _ in range(steps):
+        tokens = step(tokens)
+    elapsed = time.perf_counter() - start
+    name = "decode+sample" + (" (graph)" if graphs else "")
+    return Result(name, shape, batch, batch * steps / elapsed, 1000 * elapsed / steps)
+
+
+def bench_prefill(model: RWKV7, pool: StatePool, prompts: int, length: int, shape: str, chunk: int) -> Result:
+    gen = torch.Generator().manual_seed(prompts * length)
+    data = torch.randint(0, model.config.vocab_size, (prompts, length), generator=gen).tolist()
+    slots = list(range(prompts))
+    model.forward(pool, slots, [d[:64] for d in data])  # warm-up
+    pool.reset(slots)
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    for lo in range(0, length, chunk):
+        model.forward(pool, slots, [d[lo : lo + chunk] for d in data])
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    return Result("prefill", shape, prompts, prompts * length / elapsed, 1000 * elapsed, f"{prompts}x{length}, chunk {chunk}")
+
+
+def profile_decode(model: RWKV7, pool: StatePool, batch: int, steps: int = 3) -> str:
+    """Where a decode step's GPU time goes: the top kernels of a few eager steps with sampling."""
+    from torch.profiler import ProfilerActivity, profile
+
+    slots = list(range(batch))
+    slot_tensor = torch.arange(batch, device=model.device)
+    penalties = sampler.PenaltyPool(pool.batch_size, model.config.vocab_size, model.device)
+    sampling = _sampling(batch, model.device)
+    tokens = [1] * batch
+    model.forward(pool, slots, [[t] for t in tokens])
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(steps):
+            logits = model.forward(pool, slots, [[t] for t in tokens])
+            tokens = cuda_ops.sample(logits, slot_tensor, sampling, penalties).tolist()
+        torch.cuda.synchronize()
+    events = prof.key_averages()
+    for key in ("self_device_time_total", "self_cuda_time_total"):
+        try:
+            return events.table(sort_by=key, row_limit=18, max_name_column_width=60)
+        except (AttributeError, KeyError, ValueError):
+            continue
+    return events.table(row_limit=18)
+
+
+def state_accuracy(shape_name: str, state_dtype: torch.dtype, streams: int, steps: int) -> dict[str, float]:
+    """Teacher-force one greedy stream (from the fp32-state model) through fp32- and 16-bit-state
+    pools, token by token (decode rounds the 16-bit state every step): mean log-loss difference and
+    how often the argmax agrees."""
+    shape = NAMED_SHAPES[shape_name]
+    model = RWKV7.from_state_dict(random_state_dict(shape, seed=1, device="cuda", dtype=torch.float16), "cuda", torch.float16, progress=False)
+    reference, variant = StatePool(model, streams), StatePool(model, streams, state_dtype)
+    slots = list(range(streams))
+    prompts = torch.randint(0, shape.vocab_size, (streams, 16), generator=torch.Generator().manual_seed(3)).tolist()
+    ref_logits = model.forward(reference, slots, prompts)
+    var_logits = model.forward(variant, slots, prompts)
+    loss_diff, agree, count = 0.0, 0, 0
+    for _ in range(steps):
+        tokens = ref_logits.argmax(-1)
+        ref_lp = torch.log_softmax(ref_logits, -1)
+        var_lp = torch.log_softmax(var_logits, -1)
+        agree += int((var_logits.argmax(-1) == tokens).sum())
+        count += streams
+        ref_logits = model.forward(reference, slots, [[t] for t in tokens.tolist()])
+        var_logits = model.forward(variant, slots, [[t] for t in tokens.tolist()])
+        # log-loss of the stream's token: variant minus reference (positive = 16-bit state is worse)
+        loss_diff += float((ref_lp.gather(-1, tokens[:, None]) - var_lp.gather(-1, tokens[:, None])).sum())
+    del model
+    torch.cuda.empty_cache()
+    return {"mean_logloss_diff": loss_diff / count, "greedy_agreement": agree / count, "tokens": count}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="7.2b", choices=sorted(NAMED_SHAPES))
+    parser.add_argument("--batches", default="1,64,256,960")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--graph-batches", default="1,64")
+    parser.add_argument("--prefill-chunk", type=int, default=4096)
+    parser.add_argument("--accuracy-shape", default="0.4b", choices=sorted(NAMED_SHAPES))
+    parser.add_argument("--profile-batches", default="", help="print a kernel profile of eager decode at these batches")
+    parser.add_argument("--skip-accuracy", action="store_true")
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_model needs a CUDA GPU")
+    cuda_ops.enable_cuda_kernels()
+    batches = [int(b) for b in args.batches.split(",")]
+    graph_batches = [int(b) for b in args.graph_batches.split(",") if b]
+    shape = NAMED_SHAPES[args.shape]
+    build = time.perf_counter()
+    model = RWKV7.from_state_dict(random_state_dict(shape, seed=0, device="cuda", dtype=torch.float16), "cuda", torch.float16, progress=False)
+    print(f"built {args.shape} (layers {shape.n_layer}, width {shape.n_embd}) in {time.perf_counter() - build:.1f}s", flush=True)
+    results: list[Result] = []
+    for state_dtype in (torch.float32, torch.float16):
+        pool = StatePool(model, max(batches) + 1, state_dtype)
+        tag = "fp32 state" if state_dtype == torch.float32 else "fp16 state"
+        for batch in batches:
+            if state_dtype == torch.float16 and batch != max(batches):
+                continue
+            steps = args.steps if batch > 1 else 3 * args.steps
+            result = bench_decode(model, pool, batch, steps, args.shape)
+            result.note = tag
+            results.append(result)
+            print(asdict(result), flush=True)
+        if state_dtype == torch.float32:
+            for prompts, length in ((1, 4096), (64, 512)):
+                result = bench_prefill(model, pool, prompts, length, args.shape, args.prefill_chunk)
+                results.append(result)
+                print(asdict(result), flush=True)
+            if graph_batches:
+                runner = DecodeGraphRunner(model, pool, scratch_slot=pool.batch_size - 1, buckets=graph_batches)
+                for batch in graph_batches:
+                    result = bench_decode(model, pool, batch, 3 * args.steps, args.shape, runner)
+                    result.note = tag
+                    results.append(result)
+                    print(asdict(result), flush=True)
+                del runner
+            for batch in [int(b) for b in args.profile_batches.split(",") if b]:
+                print(f"\n== profile: eager decode + sampling, batch {batch}, {args.shape}\n{profile_decode(model, pool, batch)}", flush=True)
+        del pool
+        torch.cuda.empty_cache()
+    del model
+    torch.cuda.empty_cache()
+    accuracy = {} if args.skip_accuracy else {
+        name: state_accuracy(args.accuracy_shape, dtype, 32, 128) for name, dtype in (("fp16", torch.float16), ("bf16", torch.bfloat16))
+    }
+
+    print(f"\n{torch.cuda.get_device_name()} | torch {torch.__version__} | {args.shape}")
+    print(f"{'what':<24}{'batch':>7}{'tok/s':>12}{'ms/step':>10}  note")
+    for r in results:
+        print(f"{r.name:<24}{r.batch:>7}{r.tokens_per_s:>12,.0f}{r.ms_per_step:>10.2f}  {r.note}")
+    for name, acc in accuracy.items():
+        print(f"{name} state vs fp32 ({args.accuracy_shape}, {acc['tokens']} decode tokens): mean log-loss diff "
+              f"{acc['mean_logloss_diff']:+.2e}, greedy agreement {acc['greedy_agreement']:.4f}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "shape": args.shape,
+            "date": time.strftime("%Y-%m-%d"),
+            "results": [asdict(r) for r in results],
+            "state_accuracy": {"shape": args.accuracy_shape, **accuracy},
+        }
+        args.json.write_text(json.dumps(payload, indent=2))
+    if any(math.isnan(r.tokens_per_s) for r in results):
+        raise SystemExit("a benchmark produced NaN")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,310 @@
+"""The CUDA kernels compute what their torch twins compute (run on a GPU; skipped without one)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from albatross import cuda_ops, ops, sampler
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
+
+N = 64
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels() -> None:
+    results = cuda_ops.enable_cuda_kernels()
+    assert all(r.how in ("prebuilt", "jit") for r in results.values()), {k: r.describe() for k, r in results.items()}
+
+
+def _wkv_inputs(lengths: list[int], heads: int, dtype: torch.dtype, gen: torch.Generator) -> list[torch.Tensor]:
+    """r, w, k, v, a, b with a trained model's ranges: log-decay in [-5, -0.5], a = -kk and
+    b = kk * gate with kk unit-norm per head (so the state stays bounded)."""
+    T, C = sum(lengths), heads * N
+    dev = "cuda"
+
+    def randn(*shape: int) -> torch.Tensor:
+        return torch.randn(*shape, generator=gen, device=dev)
+
+    r = randn(T, C) * 0.5
+    w = -0.5 - 4.5 * torch.rand(T, C, generator=gen, device=dev)
+    k = randn(T, C) * 0.3
+    v = randn(T, C) * 0.5
+    kk = F.normalize(randn(T, heads, N), dim=-1).view(T, C)
+    gate = torch.sigmoid(randn(T, C))
+    return [x.to(dtype) for x in (r, w, k, v, -kk, kk * gate)]
+
+
+def _poison_next_allocation(shape: tuple[int, ...], dtype: torch.dtype) -> None:
+    # The caching allocator hands this block to the next allocation of the same size: an output
+    # row the kernel forgets to write then shows up as NaN instead of a plausible stale value.
+    value = float("nan") if dtype.is_floating_point else -1
+    poison = torch.full(shape, value, dtype=dtype, device="cuda")
+    del poison
+
+
+def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual.double() - expected.double()).norm() / expected.double().norm().clamp_min(1e-30)).item()
+
+
+CASES = [
+    # (lengths per slot, heads): decode batches, prefill chunks, and mixtures of both
+    ([1], 2),
+    ([1] * 7, 2),
+    ([1] * 64, 2),
+    ([1] * 960, 2),
+    ([37], 2),
+    ([5, 1, 1, 130, 1, 17, 1], 3),
+    ([1] * 33 + [64, 3] + [1] * 30, 2),
+]
+
+
+@pytest.mark.parametrize("lengths, heads", CASES, ids=lambda c: str(len(c)) if isinstance(c, list) else str(c))
+@pytest.mark.parametrize(
+    "act_dtype, state_dtype, tolerance",
+    [
+        (torch.float32, torch.float32, 1e-5),
+        (torch.float16, torch.float32, 2e-3),
+        (torch.bfloat16, torch.float32, 1e-2),
+        (torch.float16, torch.float16, 2e-3),
+        (torch.bfloat16, torch.bfloat16, 1e-2),
+    ],
+    ids=["fp32", "fp16-act", "bf16-act", "fp16-state", "bf16-state"],
+)
+def test_wkv7_kernel_matches_torch_twin(
+    lengths: list[int], heads: int, act_dtype: torch.dtype, state_dtype: torch.dtype, tolerance: float
+) -> None:
+    gen = torch.Generator(device="cuda").manual_seed(len(lengths) * 1000 + sum(lengths))
+    pool_size = len(lengths) + 5
+    state = (torch.randn(pool_size, heads, N, N, generator=gen, device="cuda") * 0.1).to(state_dtype)
+    perm = torch.randperm(pool_size, generator=gen, device="cuda")[: len(lengths)]
+    slot_idx = perm.to(torch.int32)
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    inputs = _wkv_inputs(lengths, heads, act_dtype, gen)
+
+    expected_state = state.clone()
+    expected = ops.wkv7_torch(expected_state, slot_idx, cu, *inputs)
+    actual_state = state.clone()
+    _poison_next_allocation((sum(lengths), heads * N), act_dtype)
+    actual = cuda_ops.wkv7_cuda(actual_state, slot_idx, cu, *inputs)
+    torch.cuda.synchronize()
+
+    assert not actual.isnan().any(), "some output rows were never written"
+    y_error = _relative_error(actual, expected)
+    s_error = _relative_error(actual_state, expected_state)
+    assert y_error <= tolerance, f"y differs from the twin by {y_error:.2e} (tolerance {tolerance:.0e})"
+    assert s_error <= tolerance, f"state differs from the twin by {s_error:.2e} (tolerance {tolerance:.0e})"
+    untouched = torch.ones(pool_size, dtype=torch.bool, device="cuda")
+    untouched[perm] = False
+    assert torch.equal(actual_state[untouched], state[untouched]), "slots outside slot_idx were modified"
+
+
+def test_wkv7_chunked_prefill_equals_one_call() -> None:
+    gen = torch.Generator(device="cuda").manual_seed(7)
+    inputs = _wkv_inputs([50], 2, torch.float32, gen)
+    state = torch.randn(2, 2, N, N, generator=gen, device="cuda") * 0.1
+    one = state.clone()
+    y_one = cuda_ops.wkv7_cuda(one, torch.tensor([1], dtype=torch.int32, device="cuda"),
+                               torch.tensor([0, 50], dtype=torch.int32, device="cuda"), *inputs)
+    chunked = state.clone()
+    parts = []
+    for lo, hi in [(0, 1), (1, 20), (20, 21), (21, 50)]:
+        parts.append(cuda_ops.wkv7_cuda(chunked, torch.tensor([1], dtype=torch.int32, device="cuda"),
+                                        torch.tensor([0, hi - lo], dtype=torch.int32, device="cuda"),
+                                        *[x[lo:hi] for x in inputs]))
+    assert _relative_error(torch.cat(parts), y_one) <= 1e-6
+    assert _relative_error(chunked, one) <= 1e-6
+
+
+def test_wkv7_accepts_strided_row_views() -> None:
+    gen = torch.Generator(device="cuda").manual_seed(8)
+    inputs = _wkv_inputs([3, 1, 4], 2, torch.float16, gen)
+    wide = [torch.cat([x, torch.randn_like(x)], dim=1) for x in inputs]  # row stride 2C
+    views = [x[:, : inputs[0].shape[1]] for x in wide]
+    slots = torch.tensor([0, 2, 1], dtype=torch.int32, device="cuda")
+    cu = torch.tensor([0, 3, 4, 8], dtype=torch.int32, device="cuda")
+    state = torch.randn(3, 2, N, N, generator=gen, device="cuda") * 0.1
+    a, b = state.clone(), state.clone()
+    assert torch.equal(cuda_ops.wkv7_cuda(a, slots, cu, *views), cuda_ops.wkv7_cuda(b, slots, cu, *inputs))
+
+
+# ------------------------------------------------------------------------------------------------
+# sampler
+
+
+def _batch(rows: int, gen: torch.Generator, temperature: list[float], top_p: list[float], top_k: list[int]) -> sampler.SamplingBatch:
+    pick = lambda values: [values[i] for i in torch.randint(0, len(values), (rows,), generator=gen).tolist()]  # noqa: E731
+    return sampler.SamplingBatch(
+        temperature=torch.tensor(pick(temperature), dtype=torch.float32, device="cuda"),
+        top_p=torch.tensor(pick(top_p), dtype=torch.float32, device="cuda"),
+        top_k=torch.tensor(pick(top_k), dtype=torch.int64, device="cuda"),
+        presence=torch.rand(rows, generator=gen).cuda(),
+        frequency=torch.rand(rows, generator=gen).cuda(),
+        decay=0.9 + 0.1 * torch.rand(rows, generator=gen).cuda(),
+        seed32=torch.randint(0, 2**32, (rows,), generator=gen, dtype=torch.int64).cuda(),
+        step=torch.randint(0, 10_000, (rows,), generator=gen, dtype=torch.int64).cuda(),
+    )
+
+
+def _penalty_pool(slots: int, vocab: int, gen: torch.Generator) -> sampler.PenaltyPool:
+    pool = sampler.PenaltyPool(slots, vocab, device="cuda")
+    pool.penalties.copy_(torch.rand(slots, vocab, generator=gen).cuda() * 2)
+    pool.seen.copy_(torch.rand(slots, vocab, generator=gen).cuda() < 0.01)
+    return pool
+
+
+def _clone_pool(pool: sampler.PenaltyPool) -> sampler.PenaltyPool:
+    copy = sampler.PenaltyPool(*pool.penalties.shape, device="cuda")
+    copy.penalties.copy_(pool.penalties)
+    copy.seen.copy_(pool.seen)
+    return copy
+
+
+def _consistent_with_twin(logits: torch.Tensor, pool: sampler.PenaltyPool, slots: torch.Tensor, batch: sampler.SamplingBatch, row: int, token: int) -> bool:
+    """A differing sample is acceptable only at a rounding boundary: the token is kept by the
+    twin's filter and the draw's target lies (to fp32 summation error) inside its cumulative interval."""
+    adjusted = logits[row] - pool.penalties[slots[row]]
+    probs = torch.softmax(adjusted / batch.temperature[row], dim=-1)
+    kept = sampler.kept_mask(probs[None], batch.top_k[row : row + 1], batch.top_p[row : row + 1])[0]
+    masses = torch.where(kept, probs, torch.zeros_like(probs)).double()
+    cumulative = masses.cumsum(0)
+    target = sampler.uniform(batch.seed32[row : row + 1], batch.step[row : row + 1]).double().item() * cumulative[-1].item()
+    slack = 1e-5 * cumulative[-1].item()
+    upper, lower = cumulative[token].item(), cumulative[token].item() - masses[token].item()
+    threshold_edge = bool(probs[token] > 0)  # rounding can move a top-p/top-k edge by one token
+    return (kept[token].item() or threshold_edge) and lower - slack <= target <= upper + slack
+
+
+@pytest.mark.parametrize("rows", [1, 7, 64, 333])
+def test_sampler_kernel_matches_torch_twin(rows: int) -> None:
+    gen = torch.Generator().manual_seed(rows)
+    vocab = 65536
+    logits = (torch.randn(rows, vocab, generator=gen) * 3).cuda()
+    slots_count = rows + 3
+    slots = torch.randperm(slots_count, generator=gen)[:rows].cuda()
+    batch = _batch(rows, gen, [0.0, 0.3, 1.0, 1.7], [1.0, 0.95, 0.5, 0.0], [0, 1, 7, 50, 1000])
+    pool = _penalty_pool(slots_count, vocab, gen)
+    before = _clone_pool(pool)
+    twin_pool = _clone_pool(pool)
+
+    expected = sampler.sample(logits, slots, batch, twin_pool)
+    _poison_next_allocation((rows,), torch.int64)
+    actual = cuda_ops.sample_cuda(logits, slots, batch, pool)
+    torch.cuda.synchronize()
+
+    assert bool((actual >= 0).all()), "some rows got no sample written"
+    greedy = batch.temperature <= 0
+    assert torch.equal(actual[greedy], expected[greedy]), "greedy rows must equal the twin's argmax exactly"
+    differing = (actual != expected).nonzero().flatten().tolist()
+    assert len(differing) <= max(1, rows // 100), f"{len(differing)} of {rows} rows differ: {differing[:10]}"
+    for row in differing:
+        assert _consistent_with_twin(logits, before, slots, batch, row, int(actual[row])), (
+            f"row {row}: kernel chose {int(actual[row])}, twin {int(expected[row])}, not a rounding boundary"
+        )
+    same = (actual == expected).nonzero().flatten()
+    assert torch.allclose(pool.penalties[slots[same]], twin_pool.penalties[slots[same]], rtol=1e-6, atol=1e-6), "penalty update differs"
+    assert torch.equal(pool.seen[slots[same]], twin_pool.seen[slots[same]]), "seen mask update differs"
+
+
+def test_greedy_picks_the_lowest_id_among_tied_maxima() -> None:
+    vocab = 4096
+    logits = torch.randn(3, vocab, device="cuda")
+    top = logits.max().item() + 1.0
+    for row, ids in enumerate([[17, 900, 4000], [5, 6], [4095, 3000]]):
+        logits[row, ids] = top
+    batch = sampler.SamplingBatch(
+        temperature=torch.zeros(3, device="cuda"), top_p=torch.ones(3, device="cuda"),
+        top_k=torch.zeros(3, dtype=torch.int64, device="cuda"), presence=torch.zeros(3, device="cuda"),
+        frequency=torch.zeros(3, device="cuda"), decay=torch.ones(3, device="cuda"),
+        seed32=torch.zeros(3, dtype=torch.int64, device="cuda"), step=torch.zeros(3, dtype=torch.int64, device="cuda"),
+    )  # fmt: skip
+    pool = sampler.PenaltyPool(3, vocab, device="cuda")
+    ids = cuda_ops.sample_cuda(logits, torch.arange(3, device="cuda"), batch, pool, update_penalties=False)
+    assert ids.tolist() == [17, 5, 3000]
+
+
+def test_seeded_rows_reproduce_whatever_else_is_in_the_batch() -> None:
+    gen = torch.Generator().manual_seed(3)
+    vocab = 65536
+    logits = torch.randn(16, vocab, generator=gen).cuda()
+    batch = _batch(16, gen, [0.8, 1.2], [0.9, 1.0], [0, 40])
+    pool = sampler.PenaltyPool(16, vocab, device="cuda")
+    slots = torch.arange(16, device="cuda")
+    first = cuda_ops.sample_cuda(logits, slots, batch, pool, update_penalties=False)
+    again = cuda_ops.sample_cuda(logits, slots, batch, pool, update_penalties=False)
+    assert torch.equal(first, again), "the same inputs must give the same ids"
+    pick = torch.tensor([11, 2, 7], device="cuda")
+    sub = sampler.SamplingBatch(*(getattr(batch, f)[pick] for f in ("temperature", "top_p", "top_k", "presence", "frequency", "decay", "seed32", "step")))
+    alone = cuda_ops.sample_cuda(logits[pick], slots[pick], sub, pool, update_penalties=False)
+    assert torch.equal(alone, first[pick]), "a row's sample must not depend on the other rows"
+
+
+def _chi_square_critical(df: int, alpha_z: float = 3.09) -> float:
+    """Wilson-Hilferty approximation of the chi-square quantile (z = 3.09: p = 0.001)."""
+    return df * (1 - 2 / (9 * df) + alpha_z * math.sqrt(2 / (9 * df))) ** 3
+
+
+@pytest.mark.parametrize("temperature, top_k, top_p", [(1.0, 0, 1.0), (0.7, 12, 1.0), (1.3, 0, 0.8)])
+def test_sampler_frequencies_follow_the_kept_distribution(temperature: float, top_k: int, top_p: float) -> None:
+    gen = torch.Generator().manual_seed(5)
+    vocab, draws = 30, 40_000
+    row = torch.randn(vocab, generator=gen) * 1.5
+    logits = row.expand(draws, vocab).contiguous().cuda()
+    batch = sampler.SamplingBatch(
+        temperature=torch.full((draws,), temperature, device="cuda"), top_p=torch.full((draws,), top_p, device="cuda"),
+        top_k=torch.full((draws,), top_k, dtype=torch.int64, device="cuda"), presence=torch.zeros(draws, device="cuda"),
+        frequency=torch.zeros(draws, device="cuda"), decay=torch.ones(draws, device="cuda"),
+        seed32=torch.full((draws,), sampler.seed_to_seed32(99), dtype=torch.int64, device="cuda"),
+        step=torch.arange(draws, dtype=torch.int64, device="cuda"),
+    )  # fmt: skip
+    pool = sampler.PenaltyPool(1, vocab, device="cuda")
+    ids = cuda_ops.sample_cuda(logits, torch.zeros(draws, dtype=torch.int64, device="cuda"), batch, pool, update_penalties=False)
+    probs = torch.softmax(row / temperature, dim=-1)
+    kept = sampler.kept_mask(probs[None], torch.tensor([top_k]), torch.tensor([top_p]))[0]
+    expected = torch.where(kept, probs, torch.zeros_like(probs)).double()
+    expected = expected / expected.sum() * draws
+    counts = torch.bincount(ids.cpu(), minlength=vocab).double()
+    assert counts[~kept].sum() == 0, f"dropped ids were sampled: {counts[~kept].nonzero().flatten().tolist()}"
+    chi2 = (((counts - expected) ** 2) / expected)[kept].sum().item()
+    df = int(kept.sum()) - 1
+    assert chi2 <= _chi_square_critical(df), f"chi-square {chi2:.1f} over {df} degrees of freedom (p < 0.001)"
+
+
+def test_decode_step_with_sampling_replays_from_a_cuda_graph() -> None:
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    rows, heads, vocab = 24, 2, 65536
+    inputs = _wkv_inputs([1] * rows, heads, torch.float16, gen)
+    state = torch.randn(rows + 1, heads, N, N, generator=gen, device="cuda") * 0.1
+    slots = torch.arange(rows, device="cuda")
+    slot_i32, cu = slots.to(torch.int32), torch.arange(rows + 1, dtype=torch.int32, device="cuda")
+    logits = torch.randn(rows, vocab, generator=gen, device="cuda") * 3
+    batch = _batch(rows, torch.Generator().manual_seed(1), [0.0, 1.0], [0.9], [0, 30])
+    pool = sampler.PenaltyPool(rows, vocab, device="cuda")
+
+    def step(st: torch.Tensor, pen: sampler.PenaltyPool) -> tuple[torch.Tensor, torch.Tensor]:
+        y = cuda_ops.wkv7_cuda(st, slot_i32, cu, *inputs)
+        return y, cuda_ops.sample_cuda(logits + y[:, :1].float(), slots, batch, pen)
+
+    eager_state, eager_pool = state.clone(), _clone_pool(pool)
+    eager_y, eager_ids = step(eager_state, eager_pool)
+
+    graph_state, graph_pool = state.clone(), _clone_pool(pool)
+    warm_state, warm_pool = state.clone(), _clone_pool(pool)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        step(warm_state, warm_pool)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graph_y, graph_ids = step(graph_state, graph_pool)
+    graph_state.copy_(state)  # capture does not run the kernels; start replay from the same state
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(graph_y, eager_y) and torch.equal(graph_state, eager_state), "WKV replay differs from eager"
+    assert torch.equal(graph_ids, eager_ids), "sampler replay differs from eager"
+    assert torch.equal(graph_pool.penalties, eager_pool.penalties), "penalty update in replay differs from eager"
