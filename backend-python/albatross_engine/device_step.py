@@ -22,7 +22,7 @@ import torch
 from albatross.model import RWKV7
 from albatross.ops import FlatBatch
 from albatross import cuda_ops
-from albatross.sampler import PenaltyPool, SamplingBatch, TopLogprobs, top_logprobs
+from albatross.sampler import MASK32, PenaltyPool, SamplingBatch, TopLogprobs, top_logprobs
 from albatross.state import SlotState, StatePool
 from albatross_engine.scheduler import RowKind, StepPlan
 
@@ -30,6 +30,16 @@ logger = logging.getLogger(__name__)
 
 STATE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 ForwardDecode = Callable[[RWKV7, StatePool, FlatBatch, torch.Tensor], torch.Tensor]
+
+
+@dataclass(slots=True)
+class _SamplingInputs:
+    batch: SamplingBatch
+    slots: torch.Tensor  # the pool slot of each sampling row
+    positions: torch.Tensor | None  # the forward rows that sample; None: all of them
+    logprob_rows: list[int]  # sampling rows that want logprobs
+    logprob_index: torch.Tensor | None
+    logprob_k: int
 
 
 @dataclass(slots=True)
@@ -70,9 +80,15 @@ class DeviceStep:
         self._last: IssuedStep | None = None  # its sampled ids feed the next step's decode rows
 
     def reset_slots(self, slots: list[int]) -> None:
-        """A fresh sequence: zero state and no penalties."""
-        self.pool.reset(slots)
-        self.penalties.reset(slots)
+        """A fresh sequence: zero state and no penalties. The pool's and penalties' own reset build
+        their index with a blocking copy, which would wait for the step in flight; this does not."""
+        for slot in slots:
+            self.pool.check_slot(slot)
+        index = torch.tensor(slots, dtype=torch.int64).to(self.device, non_blocking=True)
+        for tensor in (self.pool.att_shift, self.pool.ffn_shift, self.pool.wkv):
+            tensor.index_fill_(1, index, 0)
+        self.penalties.penalties.index_fill_(0, index, 0.0)
+        self.penalties.seen.index_fill_(0, index, False)
 
     def write_state(self, slot: int, state: SlotState) -> None:
         self.pool.write(slot, state)
@@ -85,6 +101,7 @@ class DeviceStep:
         self._last = None
 
     def issue(self, plan: StepPlan) -> IssuedStep:
+        sampling = self._sampling_inputs(plan) if plan.sample_count else None
         slots = [row.slot for row in plan.rows]
         last = self._last
         if not plan.prefill_tokens and self._forward_decode is not None and last is not None and last.ids is not None:
@@ -97,8 +114,8 @@ class DeviceStep:
             ]
             logits = self.model.forward(self.pool, slots, tokens)
         issued = IssuedStep(plan)
-        if plan.sample_count:
-            self._sample(plan, logits, issued)
+        if sampling is not None:
+            self._sample(logits, sampling, issued)
         self._last = issued
         return issued
 
@@ -111,31 +128,68 @@ class DeviceStep:
         batch = FlatBatch.build(slots, [1] * len(slots), self.device)
         return self._forward_decode(self.model, self.pool, batch, token_ids)
 
-    def _sample(self, plan: StepPlan, logits: torch.Tensor, issued: IssuedStep) -> None:
+    def _sampling_inputs(self, plan: StepPlan) -> _SamplingInputs:
+        """Per-row sampling settings as device tensors, built on the host and sent with
+        non-blocking copies BEFORE the forward is queued (a blocking copy would wait for it)."""
         positions = [i for i, row in enumerate(plan.rows) if row.samples]
-        rows = [plan.rows[i] for i in positions]
-        if len(positions) != len(plan.rows):
-            logits = logits.index_select(0, torch.tensor(positions, device=logits.device))
-        tasks = [row.task for row in rows]
+        tasks = [plan.rows[i].task for i in positions]
+        params = [t.sampling for t in tasks]
+        floats = torch.tensor(
+            [
+                [p.temperature for p in params],
+                [p.top_p for p in params],
+                [p.presence_penalty for p in params],
+                [p.frequency_penalty for p in params],
+                [p.penalty_decay for p in params],
+            ],
+            dtype=torch.float32,
+        ).to(self.device, non_blocking=True)
         # A task samples at most once per step, so its sample number is `sampled - 1`.
-        batch = SamplingBatch.from_params(
-            [t.sampling for t in tasks], [t.seed32 for t in tasks], [t.sampled - 1 for t in tasks], self.device
+        ints = torch.tensor(
+            [
+                [p.top_k for p in params],
+                [t.seed32 & MASK32 for t in tasks],
+                [t.sampled - 1 for t in tasks],
+                [plan.rows[i].slot for i in positions],
+                positions,
+            ],
+            dtype=torch.int64,
+        ).to(self.device, non_blocking=True)
+        batch = SamplingBatch(
+            temperature=floats[0], top_p=floats[1], top_k=ints[0], presence=floats[2],
+            frequency=floats[3], decay=floats[4], seed32=ints[1], step=ints[2],
+        )  # fmt: skip
+        wanted = [n for n, t in enumerate(tasks) if t.sampling.logprobs is not None]
+        return _SamplingInputs(
+            batch=batch,
+            slots=ints[3],
+            positions=None if len(positions) == len(plan.rows) else ints[4],
+            logprob_rows=wanted,
+            logprob_index=torch.tensor(wanted, dtype=torch.int64).to(self.device, non_blocking=True) if wanted else None,
+            logprob_k=max((tasks[n].sampling.logprobs or 0 for n in wanted), default=0),
         )
-        slot_index = torch.tensor([row.slot for row in rows], dtype=torch.int64, device=self.device)
-        ids = cuda_ops.sample(logits, slot_index, batch, self.penalties)  # the CUDA kernel when loaded
+
+    def _sample(self, logits: torch.Tensor, inputs: _SamplingInputs, issued: IssuedStep) -> None:
+        if inputs.positions is not None:
+            logits = logits.index_select(0, inputs.positions)
+        ids = cuda_ops.sample(logits, inputs.slots, inputs.batch, self.penalties)  # the CUDA kernel when loaded
         issued.ids = ids
-        wanted = [i for i, t in enumerate(tasks) if t.sampling.logprobs is not None]
-        if wanted:
-            index = torch.tensor(wanted, device=self.device)
-            k = max(tasks[i].sampling.logprobs or 0 for i in wanted)
-            issued.logprobs = top_logprobs(logits.index_select(0, index), k, ids.index_select(0, index))
-            issued.logprob_rows = {sample_row: n for n, sample_row in enumerate(wanted)}
+        if inputs.logprob_index is not None:
+            index = inputs.logprob_index
+            data = top_logprobs(logits.index_select(0, index), inputs.logprob_k, ids.index_select(0, index))
+            issued.logprobs = TopLogprobs(
+                chosen=None if data.chosen is None else self._to_host(data.chosen),
+                top_values=self._to_host(data.top_values),
+                top_ids=self._to_host(data.top_ids),
+            )
+            issued.logprob_rows = {sample_row: n for n, sample_row in enumerate(inputs.logprob_rows)}
+        issued.host_ids = self._to_host(ids)
         if self.device.type == "cuda":
-            issued.host_ids = ids.to("cpu", non_blocking=True)
             issued.copied = torch.cuda.Event()
-            issued.copied.record()
-        else:
-            issued.host_ids = ids
+            issued.copied.record()  # covers every copy above: they share the stream
+
+    def _to_host(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to("cpu", non_blocking=True) if self.device.type == "cuda" else tensor
 
     def peak_memory_bytes(self) -> int:
         return torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else 0

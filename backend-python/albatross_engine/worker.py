@@ -118,6 +118,8 @@ class Worker:
 
     def _run(self) -> None:
         try:
+            if self.device.type == "cuda":
+                torch.cuda.set_device(self.device)  # events, streams and graphs of this thread use its GPU
             self._load_model()
         except BaseException as error:  # noqa: BLE001 - any load failure must reach the engine start
             self._release_device()

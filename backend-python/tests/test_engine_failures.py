@@ -117,7 +117,7 @@ def test_when_the_engine_dies_waiting_and_later_requests_get_503_at_once(engine:
         raise RuntimeError("device lost")
 
     worker.model.forward = lost  # type: ignore[method-assign]
-    worker.device_step.pool.reset = lost  # type: ignore[method-assign]  # recovery fails too: the worker dies
+    worker.device_step.reset_slots = lost  # type: ignore[method-assign]  # slot resets fail too: the worker dies
     results = run_all(engine, [GenerationRequest([1, 2, 3], GREEDY) for _ in range(8)])  # 4 slots: 4 wait
     for result in results:
         if isinstance(result, BackendError):
