@@ -91,14 +91,17 @@ class DeviceStep:
         self.penalties.seen.index_fill_(0, index, False)
 
     def write_state(self, slot: int, state: SlotState) -> None:
-        self.pool.write(slot, state)
+        # To the device first without blocking, so a host-side state does not wait for the step in flight.
+        self.pool.write(slot, state.to(self.device, non_blocking=True))
 
     def read_state(self, slot: int) -> SlotState:
         """A copy on the device, ordered after every issued step (no host sync on a GPU)."""
         return self.pool.read(slot, device=self.device)
 
-    def forget_last_step(self) -> None:
-        self._last = None
+    def forget_last_step(self, step: IssuedStep | None = None) -> None:
+        """Drop the ids that feed the next decode rows (all of them, or only if they are `step`'s)."""
+        if step is None or self._last is step:
+            self._last = None
 
     def issue(self, plan: StepPlan) -> IssuedStep:
         sampling = self._sampling_inputs(plan) if plan.sample_count else None

@@ -175,6 +175,8 @@ class Worker:
             except Exception as error:
                 logger.exception("albatross worker %d: step failed; failing its %d rows", self.index, len(plan.rows))
                 self._fail_rows(plan.rows, error)
+                assert self.device_step is not None
+                self.device_step.forget_last_step()  # the failed step's ids never existed
         if self.overlap:
             previous, self._pending = self._pending, issued
         else:
@@ -251,6 +253,8 @@ class Worker:
         except Exception as error:  # a device error surfaces at the sync
             logger.exception("albatross worker %d: step failed on the device", self.index)
             self._fail_rows(issued.plan.rows, error)
+            assert self.device_step is not None
+            self.device_step.forget_last_step(issued)
             return
         produced = 0
         for row in issued.plan.rows:
@@ -415,7 +419,6 @@ class Worker:
         slots = sorted({row.slot for row in rows})
         for row in rows:
             self._fail(row.task, error)
-        self.device_step.forget_last_step()
         if slots:
             self.device_step.reset_slots(slots)
 
