@@ -76,7 +76,9 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 
 def build_backend(args: argparse.Namespace) -> AlbatrossRWKV:
-    extras: dict[str, object] = {"prefill_chunk": args.prefill_chunk, "prefill_budget": args.prefill_budget}
+    extras: dict[str, object] = {
+        name: getattr(args, name) for name in ("prefill_chunk", "prefill_budget") if getattr(args, name) is not None
+    }
     if args.overlap is not None:
         extras["overlap"] = args.overlap == "on"
     if args.model:
@@ -143,8 +145,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt-min", type=int, default=64)
     parser.add_argument("--prompt-max", type=int, default=512)
     parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--prefill-chunk", type=int, default=512)
-    parser.add_argument("--prefill-budget", type=int, default=16384)
+    parser.add_argument("--prefill-chunk", type=int, help="default: the engine's (512)")
+    parser.add_argument("--prefill-budget", type=int, help="default: the engine's (4096)")
     parser.add_argument("--overlap", choices=("on", "off"), help="default: on for cuda")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", type=Path)
