@@ -25,6 +25,7 @@ from albatross import cuda_ops
 from albatross.detokenizer import TextStream
 from albatross.model import RWKV7
 from albatross.sampler import TopLogprobs, seed_to_seed32
+from albatross.state import SlotState
 from albatross.tokenizer import Tokenizer
 from albatross_engine.device_step import DeviceStep, IssuedStep
 from albatross_engine.config import AlbatrossBackendConfig
@@ -213,7 +214,7 @@ class Worker:
             except Exception as error:
                 self._fail(task, error)
 
-    def _load_state(self, key: str) -> object:
+    def _load_state(self, key: str) -> SlotState:
         state = None if self.store is None else self.store.get(key)
         if state is None:
             raise BackendError(404, f"state {key!r} not found")
