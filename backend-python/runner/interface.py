@@ -126,6 +126,9 @@ class AbstractRWKV(abc.ABC):
     backend_name: str = "abstract"  # shown by /status ("classic", "albatross")
     concurrent: bool = False  # False: the runner serialises requests under its completion lock
     defaults: SamplingDefaults = SamplingDefaults()
+    # The backend's state cache (sessions, prefix cache), or None when it keeps no states. The state
+    # routes read it through runner.sessions.SessionStateStore; requests carrying a StateRef need it.
+    state_store: object | None = None
 
     @abc.abstractmethod
     def encode(self, text: str) -> list[int]: ...
