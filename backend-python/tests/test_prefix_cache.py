@@ -102,3 +102,25 @@ def test_state_session_over_http_matches_a_token_replay_of_the_conversation(engi
             replay_text, replay_ids, _ = run(engine, conversation)
             assert reply.json()["choices"][0]["message"]["content"] == replay_text, f"turn {number + 1} differs from the replay"
             conversation += replay_ids
+
+
+def test_runner_chat_route_resumes_a_multi_turn_chat_from_the_cached_first_turn(engine: AlbatrossRWKV) -> None:
+    app = make_app(settings_with(max_tokens=64))
+    install_backend(app, engine, strategy="albatross workers=1 batch=4")
+    question = " ".join(f"river{i}" for i in range(40))
+    first_turn = [{"role": "user", "content": question}]
+    body = {"max_tokens": 4, "temperature": 0, "stop": ["\n\nNever"]}
+    with TestClient(app) as client:
+        first = client.post("/v1/chat/completions", json={**body, "messages": first_turn})
+        assert first.status_code == 200, first.text
+        reply = first.json()["choices"][0]["message"]["content"]
+        _, _, prefilled_before = counters(engine)
+        second_turn = first_turn + [{"role": "assistant", "content": reply}, {"role": "user", "content": "and lakes?"}]
+        second = client.post("/v1/chat/completions", json={**body, "messages": second_turn})
+        hits, misses, prefilled_after = counters(engine)
+    assert second.status_code == 200, second.text
+    assert (hits, misses) == (1, 1), "the second turn resumes from the first turn's cached prompt"
+    second_prompt_tokens = second.json()["usage"]["prompt_tokens"]
+    assert prefilled_after - prefilled_before < second_prompt_tokens // 2, (
+        f"the second turn prefilled {prefilled_after - prefilled_before} of {second_prompt_tokens} prompt tokens"
+    )

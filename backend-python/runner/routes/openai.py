@@ -52,8 +52,14 @@ class ChatRouteConfig:
     sampling_overrides: Mapping[str, Any] = field(default_factory=dict)  # over /update-config and the backend's
     default_stops: tuple[str, ...] = DEFAULT_CHAT_STOPS
     build_prompt: Callable[[ChatCompletionRequest], str] = runner_chat_prompt
-    state_for: Callable[[ChatCompletionRequest], StateRef | None] = lambda body: None
+    # The state a request starts from. Default: the longest cached prompt prefix, on backends that
+    # keep a state cache (a multi-turn chat then prefills only its new turn); None elsewhere.
+    state_for: Callable[[ChatCompletionRequest, AbstractRWKV], StateRef | None] = lambda body, backend: prefix_cache_state(backend)
     accept_native_batch: bool = True  # `contents` without `messages` goes to the native handler
+
+
+def prefix_cache_state(backend: AbstractRWKV) -> StateRef | None:
+    return StateRef(use_prefix_cache=True) if backend.state_store is not None else None
 
 
 def sampling_for(ctx: AppContext, backend: AbstractRWKV, body: SamplingFields, max_tokens: int | None, stops: tuple[str, ...], overrides: Mapping[str, Any], logprobs: int | None) -> SamplingParams:
@@ -205,7 +211,8 @@ def make_chat_endpoint(config: ChatRouteConfig) -> Callable[[Request], Awaitable
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         stops = stop_list(body.stop, config.default_stops)
         prompt = config.build_prompt(body)
-        return await run_completion(request, "chat", body, [prompt], max_tokens, stops, config.sampling_overrides, logprobs, config.state_for(body))
+        state = config.state_for(body, context(request).manager.require_backend())
+        return await run_completion(request, "chat", body, [prompt], max_tokens, stops, config.sampling_overrides, logprobs, state)
 
     return chat_completions
 
