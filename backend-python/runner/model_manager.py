@@ -21,6 +21,7 @@ from runner.errors import ApiError
 from runner.interface import AbstractRWKV, SamplingDefaults
 from runner.settings import ServerSettings
 
+RANDOM_MODEL_PREFIX = "random:"
 log = logging.getLogger("runner.model_manager")
 
 UNSUPPORTED_MODEL_SUFFIXES = (".gguf",)
@@ -74,7 +75,9 @@ class ModelManager:
             entry = find_backend(strategy, self.registry)
         except UnknownStrategy as exc:
             raise ApiError(400, str(exc), "strategy") from exc
-        path = self.resolve_model_path(model)
+        # `random:<shape>` asks a backend for random weights of a real shape (benchmarks); only
+        # backends that know the spec accept it, the others fail the load with their reason.
+        path = model if model.startswith(RANDOM_MODEL_PREFIX) else self.resolve_model_path(model)
         self.status = ModelStatus.LOADING  # set before the first await: a concurrent switch sees it
         try:
             backend = await asyncio.to_thread(self._replace_backend, entry, str(path), strategy)
