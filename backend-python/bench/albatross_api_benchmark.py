@@ -67,6 +67,7 @@ def make_body(args: argparse.Namespace, rng: random.Random) -> dict[str, object]
         "temperature": args.temperature,
         "top_p": 0.6,
         "stop": [],
+        "stop_token_ids": [],  # stops off: every request generates exactly max_tokens
         "seed": rng.randrange(2**31),
     }
     if args.route == "chat":
