@@ -16,29 +16,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from albatross.model import RWKV7
 from albatross.ops import FlatBatch
 from albatross.state import StatePool
 
 
-@torch.inference_mode()
 def forward_decode(model: RWKV7, pool: StatePool, batch: FlatBatch, token_ids: torch.Tensor) -> torch.Tensor:
     """`model.forward` for one token per slot, from device tensors only (no host work, no syncs),
     so that it can be captured. Returns fp32 logits `[rows, V]`."""
-    x = model.emb.index_select(0, token_ids)
-    v_first = x
-    width = (model.config.n_embd,)
-    for index, layer in enumerate(model.layers):
-        att_shift, ffn_shift, wkv = pool.layer(index)
-        h = F.layer_norm(x, width, layer.ln1_weight, layer.ln1_bias)
-        out, v_first = model._time_mix(index, layer, h, v_first, att_shift, wkv, batch)
-        x = x + out
-        h = F.layer_norm(x, width, layer.ln2_weight, layer.ln2_bias)
-        x = x + model._channel_mix(layer, h, ffn_shift, batch)
-    x = F.layer_norm(x, width, model.ln_out_weight, model.ln_out_bias)
-    return (x @ model.head).float()
+    return model.forward_batch(pool, batch, token_ids)
 
 
 @dataclass(slots=True)

@@ -45,6 +45,7 @@ KERNELS_DIR = PACKAGE_DIR / "kernels"
 KERNEL_SOURCES: dict[str, tuple[str, ...]] = {
     "wkv7": ("wkv7.cu",),
     "sampler": ("sampler.cu",),
+    "fused": ("fused.cu",),
 }
 
 # The C++ standard is left to torch.utils.cpp_extension (it matches the torch headers).

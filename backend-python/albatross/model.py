@@ -26,7 +26,7 @@ _DTYPES = {
     "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
     "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
 }  # fmt: skip
-_ATT_MIX = ("x_r", "x_w", "x_k", "x_v", "x_a", "x_g")
+_ATT_MIX = ("x_r", "x_k", "x_v", "x_w", "x_a", "x_g")  # r, k, v first: their mixes feed one bmm
 _MATRICES = ("receptance.weight", "key.weight", "value.weight", "output.weight", "head.weight")
 _EMB_NORM_ROWS = 8192  # rows of the embedding layer-normed at once (bounds the fp32 temporary)
 
@@ -40,7 +40,7 @@ class LayerWeights:
     ln1_bias: torch.Tensor
     ln2_weight: torch.Tensor
     ln2_bias: torch.Tensor
-    att_mix: torch.Tensor  # [6, C]: x_r, x_w, x_k, x_v, x_a, x_g
+    att_mix: torch.Tensor  # [6, C]: x_r, x_k, x_v, x_w, x_a, x_g
     w0: torch.Tensor
     w1: torch.Tensor
     w2: torch.Tensor
@@ -55,7 +55,8 @@ class LayerWeights:
     k_k: torch.Tensor
     k_a: torch.Tensor
     r_k: torch.Tensor  # [C]: the [H, N] checkpoint tensor flattened
-    receptance: torch.Tensor
+    rkv: torch.Tensor  # [3, C, C]: receptance, key, value stacked, so the three are one bmm
+    receptance: torch.Tensor  # views of rkv
     key: torch.Tensor
     value: torch.Tensor
     output: torch.Tensor
@@ -199,22 +200,31 @@ class RWKV7:
         `full_output` a list of `[len(tokens[s]), V]`. Logits are inference-mode tensors."""
         slot_list, lengths, flat = self._validate(pool, slots, tokens)
         batch = ops.FlatBatch.build(slot_list, lengths, self.device)
-        x = self.emb.index_select(0, flat.to(self.device, non_blocking=True))
-        v_first = x  # replaced by block 0's value before any use
-        for index, layer in enumerate(self.layers):
-            att_shift, ffn_shift, wkv = pool.layer(index)
-            h = F.layer_norm(x, (self.config.n_embd,), layer.ln1_weight, layer.ln1_bias)
-            out, v_first = self._time_mix(index, layer, h, v_first, att_shift, wkv, batch)
-            x = x + out
-            h = F.layer_norm(x, (self.config.n_embd,), layer.ln2_weight, layer.ln2_bias)
-            x = x + self._channel_mix(layer, h, ffn_shift, batch)
-        if not full_output:
-            x = x.index_select(0, batch.last_rows)
-        x = F.layer_norm(x, (self.config.n_embd,), self.ln_out_weight, self.ln_out_bias)
-        logits = (x @ self.head).float()
+        logits = self.forward_batch(pool, batch, flat.to(self.device, non_blocking=True), full_output)
         if not full_output:
             return logits
         return list(logits.split(lengths))
+
+    @torch.inference_mode()
+    def forward_batch(self, pool: StatePool, batch: ops.FlatBatch, token_ids: torch.Tensor, full_output: bool = False) -> torch.Tensor:
+        """`forward` from device tensors only (no host work, no syncs, so it can be captured in a
+        CUDA graph): `token_ids` are the flat rows of `batch`. Returns fp32 logits of each slot's
+        last row `[slots, V]`, or of every row `[rows, V]` with `full_output`."""
+        x = self.emb.index_select(0, token_ids)
+        v_first = x  # replaced by block 0's value before any use
+        # Each block's channel-mix output is added to x by the next residual layer norm (in place).
+        pending: torch.Tensor | None = None
+        for index, layer in enumerate(self.layers):
+            att_shift, ffn_shift, wkv = pool.layer(index)
+            h = ops.add_layer_norm(x, pending, layer.ln1_weight, layer.ln1_bias)
+            out, v_first = self._time_mix(index, layer, h, v_first, att_shift, wkv, batch)
+            h = ops.add_layer_norm(x, out, layer.ln2_weight, layer.ln2_bias)
+            pending = self._channel_mix(layer, h, ffn_shift, batch)
+        if not full_output and len(batch.lengths) != x.shape[0]:  # some slot has several rows
+            x = x.index_select(0, batch.last_rows)
+            pending = pending.index_select(0, batch.last_rows) if pending is not None else None
+        h = ops.add_layer_norm(x, pending, self.ln_out_weight, self.ln_out_bias)
+        return (h @ self.head).float()
 
     __call__ = forward
 
@@ -253,38 +263,29 @@ class RWKV7:
         wkv_state: torch.Tensor,
         batch: ops.FlatBatch,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        T = x.shape[0]
-        H, N = self.config.n_head, self.config.head_size
-        delta = ops.token_shift(x, shift_state, batch)
-        xr, xw, xk, xv, xa, xg = ops.mix_inputs(x, delta, layer.att_mix).unbind(0)
-
-        r = xr @ layer.receptance
-        w = torch.tanh(xw @ layer.w1) @ layer.w2
-        k = xk @ layer.key
-        v = xv @ layer.value
-        a = torch.sigmoid(layer.a0 + (xa @ layer.a1) @ layer.a2)
-        g = torch.sigmoid(xg @ layer.g1) @ layer.g2
-
-        kk = F.normalize((k * layer.k_k).view(T, H, N), dim=-1, p=2.0).view(T, H * N)
-        k = k * (1 + (a - 1) * layer.k_a)
-        if index == 0:
+        # Few, large ops: at batch 1 the step is bound by the host's per-op cost.
+        mixes = ops.shift_mix(x, shift_state, batch, layer.att_mix)
+        r, k, v = torch.bmm(mixes[:3], layer.rkv).unbind(0)
+        _, _, xv, xw, xa, xg = mixes.unbind(0)
+        w_lora = torch.mm(torch.tanh(torch.mm(xw, layer.w1)), layer.w2)
+        a_lora = torch.mm(torch.mm(xa, layer.a1), layer.a2)
+        g = torch.mm(torch.sigmoid(torch.mm(xg, layer.g1)), layer.g2)
+        if index == 0:  # block 0 defines v_first and has no value residual
             v_first = v
+            w, a, b = ops.wkv_prep(k, v, w_lora, a_lora, None, None, layer.w0, layer.a0, None, layer.k_k, layer.k_a)
         else:
             assert layer.v0 is not None and layer.v1 is not None and layer.v2 is not None
-            v = v + (v_first - v) * torch.sigmoid(layer.v0 + (xv @ layer.v1) @ layer.v2)
-        # Log-decay in fp32: exp(-exp(w)) == exp(-exp(-0.5) * sigmoid(w0 + lora)).
-        w = (-F.softplus(-(layer.w0.float() + w.float())) - 0.5).to(x.dtype)
-
-        y = ops.wkv7(wkv_state, batch.slot_idx_i32, batch.cu_seqlens, r, w, k, v, -kk, kk * a)
-        y = ops.group_norm_bonus(y, r, k, v, layer.r_k, layer.ln_x_weight, layer.ln_x_bias, H)
-        return (y * g) @ layer.output, v_first
+            v_lora = torch.mm(torch.mm(xv, layer.v1), layer.v2)
+            w, a, b = ops.wkv_prep(k, v, w_lora, a_lora, v_lora, v_first, layer.w0, layer.a0, layer.v0, layer.k_k, layer.k_a)
+        y = ops.wkv7(wkv_state, batch.slot_idx_i32, batch.cu_seqlens, r, w, k, v, a, b)
+        y = ops.gn_bonus_gate(y, r, k, v, g, layer.r_k, layer.ln_x_weight, layer.ln_x_bias)
+        return torch.mm(y, layer.output), v_first
 
     def _channel_mix(
         self, layer: LayerWeights, x: torch.Tensor, shift_state: torch.Tensor, batch: ops.FlatBatch
     ) -> torch.Tensor:
-        delta = ops.token_shift(x, shift_state, batch)
-        k = x + delta * layer.ffn_mix
-        return ops.relu_square(k @ layer.ffn_key) @ layer.ffn_value
+        xk = ops.shift_mix(x, shift_state, batch, layer.ffn_mix)
+        return torch.mm(ops.relu_square(torch.mm(xk, layer.ffn_key)), layer.ffn_value)
 
 
 def _normed_embedding(convert: _Converter, config: ModelConfig, dtype: torch.dtype) -> torch.Tensor:
@@ -312,6 +313,7 @@ def _convert_layer(convert: _Converter, index: int) -> LayerWeights:
                 convert.source.pop(a + name)
                 convert.bar.update(1)
     optional = convert.take_optional
+    rkv = convert.take_stacked([a + name for name in ("receptance.weight", "key.weight", "value.weight")])
     return LayerWeights(
         ln1_weight=take(p + "ln1.weight"),
         ln1_bias=take(p + "ln1.bias"),
@@ -332,9 +334,10 @@ def _convert_layer(convert: _Converter, index: int) -> LayerWeights:
         k_k=take(a + "k_k"),
         k_a=take(a + "k_a"),
         r_k=take(a + "r_k"),
-        receptance=take(a + "receptance.weight"),
-        key=take(a + "key.weight"),
-        value=take(a + "value.weight"),
+        rkv=rkv,
+        receptance=rkv[0],
+        key=rkv[1],
+        value=rkv[2],
         output=take(a + "output.weight"),
         ln_x_weight=take(p + "att.ln_x.weight"),
         ln_x_bias=take(p + "att.ln_x.bias"),

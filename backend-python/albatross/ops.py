@@ -14,11 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 
 GROUP_NORM_EPS = 64e-5
+HEAD_SIZE = 64
+LAYER_NORM_EPS = 1e-5  # F.layer_norm's default, as the reference model uses
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,20 +149,85 @@ def relu_square_torch(x: torch.Tensor) -> torch.Tensor:
     return torch.relu(x).square()
 
 
+def add_layer_norm_torch(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """The residual step of a block: `x += delta` in place (when given), then `layer_norm(x)`."""
+    if delta is not None:
+        x.add_(delta)
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps=LAYER_NORM_EPS)
+
+
+def shift_mix_torch(x: torch.Tensor, shift_state: torch.Tensor, batch: FlatBatch, coefficients: torch.Tensor) -> torch.Tensor:
+    """`token_shift` then `mix_inputs`: `[K, T, C]` mixes for coefficients `[K, C]`, one `[T, C]`
+    mix for a coefficient vector `[C]`; the slots' shift vectors are updated."""
+    delta = token_shift_torch(x, shift_state, batch)
+    if coefficients.dim() == 1:
+        return x + delta * coefficients
+    return mix_inputs_torch(x, delta, coefficients)
+
+
+def wkv_prep_torch(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w_lora: torch.Tensor,
+    a_lora: torch.Tensor,
+    v_lora: torch.Tensor | None,
+    v_first: torch.Tensor | None,
+    w0: torch.Tensor,
+    a0: torch.Tensor,
+    v0: torch.Tensor | None,
+    k_k: torch.Tensor,
+    k_a: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The WKV op's inputs from the matmul and LoRA outputs of one block. Updates in place
+    `k = k * (1 + (a - 1) * k_a)` and (unless layer 0, where `v_lora`/`v_first`/`v0` are None)
+    `v = v + (v_first - v) * sigmoid(v0 + v_lora)`, with `a = sigmoid(a0 + a_lora)`; returns the
+    log decay `w = -softplus(-(w0 + w_lora)) - 0.5` (fp32 math, so exp(-exp(w)) ==
+    exp(-exp(-0.5) * sigmoid(w0 + w_lora))), `-kk` and `kk * a`, where kk is `k * k_k` l2-normalised
+    per 64-wide head (from k before its update)."""
+    T, C = k.shape
+    H = C // HEAD_SIZE
+    kk = F.normalize((k * k_k).view(T, H, HEAD_SIZE), dim=-1, p=2.0).view(T, C)
+    a = torch.sigmoid(a0 + a_lora)
+    k.mul_(1 + (a - 1) * k_a)
+    if v_lora is not None:
+        assert v_first is not None and v0 is not None, "v_lora, v_first and v0 go together"
+        v.add_((v_first - v) * torch.sigmoid(v0 + v_lora))
+    w = (-F.softplus(-(w0.float() + w_lora.float())) - 0.5).to(k.dtype)
+    return w, -kk, kk * a
+
+
+def gn_bonus_gate_torch(
+    y: torch.Tensor,
+    r: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    r_k: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+) -> torch.Tensor:
+    """`(group_norm_bonus(y, r, k, v, ...) * g)`: the time-mix output before its projection."""
+    return group_norm_bonus_torch(y, r, k, v, r_k, weight, bias, y.shape[1] // HEAD_SIZE) * g
+
+
 # ----------------------------------------------------------------------------------------------
 # dispatch
 
-_TORCH_OPS: dict[str, Callable[..., torch.Tensor]] = {
+_TORCH_OPS: dict[str, Callable[..., Any]] = {
     "wkv7": wkv7_torch,
     "token_shift": token_shift_torch,
     "mix_inputs": mix_inputs_torch,
     "group_norm_bonus": group_norm_bonus_torch,
     "relu_square": relu_square_torch,
+    "add_layer_norm": add_layer_norm_torch,
+    "shift_mix": shift_mix_torch,
+    "wkv_prep": wkv_prep_torch,
+    "gn_bonus_gate": gn_bonus_gate_torch,
 }
-_CUDA_OPS: dict[str, Callable[..., torch.Tensor]] = {}
+_CUDA_OPS: dict[str, Callable[..., Any]] = {}
 
 
-def register_cuda_ops(**implementations: Callable[..., torch.Tensor]) -> None:
+def register_cuda_ops(**implementations: Callable[..., Any]) -> None:
     """Install CUDA implementations by op name (same signature as the torch twin). Registering
     again replaces the previous one; an unknown name is refused with the list of known ones."""
     unknown = sorted(set(implementations) - set(_TORCH_OPS))
@@ -185,7 +253,7 @@ def known_ops() -> tuple[str, ...]:
     return tuple(sorted(_TORCH_OPS))
 
 
-def _pick(name: str, tensor: torch.Tensor) -> Callable[..., torch.Tensor]:
+def _pick(name: str, tensor: torch.Tensor) -> Callable[..., Any]:
     if tensor.is_cuda:
         fn = _CUDA_OPS.get(name)
         if fn is not None:
@@ -230,3 +298,40 @@ def group_norm_bonus(
 
 def relu_square(x: torch.Tensor) -> torch.Tensor:
     return _pick("relu_square", x)(x)
+
+
+def add_layer_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    return _pick("add_layer_norm", x)(x, delta, weight, bias)
+
+
+def shift_mix(x: torch.Tensor, shift_state: torch.Tensor, batch: FlatBatch, coefficients: torch.Tensor) -> torch.Tensor:
+    return _pick("shift_mix", x)(x, shift_state, batch, coefficients)
+
+
+def wkv_prep(
+    k: torch.Tensor,
+    v: torch.Tensor,
+    w_lora: torch.Tensor,
+    a_lora: torch.Tensor,
+    v_lora: torch.Tensor | None,
+    v_first: torch.Tensor | None,
+    w0: torch.Tensor,
+    a0: torch.Tensor,
+    v0: torch.Tensor | None,
+    k_k: torch.Tensor,
+    k_a: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    return _pick("wkv_prep", k)(k, v, w_lora, a_lora, v_lora, v_first, w0, a0, v0, k_k, k_a)
+
+
+def gn_bonus_gate(
+    y: torch.Tensor,
+    r: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    r_k: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+) -> torch.Tensor:
+    return _pick("gn_bonus_gate", y)(y, r, k, v, g, r_k, weight, bias)

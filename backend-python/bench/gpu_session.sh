@@ -18,7 +18,7 @@ log="$OUT/session.log"
   $PY -c "import torch, sys; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'python', sys.version.split()[0])"
   if [ "${BUILD:-1}" = 1 ]; then
     echo "== build"
-    time $PY build_kernels.py --arch "${ARCHS:-sm90}"
+    time $PY build_kernels.py --arch "${ARCHS:-sm90}" ${KERNELS:+--kernels "$KERNELS"}
     cp manifest.json "$OUT/manifest.json"
     for f in backend-python/albatross/kernels/*/*/*/sm90/*.so; do cp "$f" "$OUT/$(basename "$f")"; done
   else
@@ -35,7 +35,7 @@ import os; print('JIT cache created:', os.path.exists('/tmp/albatross-empty-cach
 } 2>&1 | tee "$log"
 
 echo "== tests" | tee -a "$log"
-(cd backend-python && timeout 240 $PY -m pytest tests/test_kernel_loader.py tests/test_cuda_kernels.py tests/test_model_cuda.py \
+(cd backend-python && timeout 240 $PY -m pytest tests/test_kernel_loader.py tests/test_cuda_kernels.py tests/test_fused_kernels.py tests/test_model_cuda.py \
   -q -s -p no:cacheprovider --durations=5 2>&1) | tee "$OUT/tests.log" | tail -25 | tee -a "$log"
 
 echo "== bench" | tee -a "$log"

@@ -214,7 +214,7 @@ def test_jit_error_says_torch_is_a_cpu_build(monkeypatch: pytest.MonkeyPatch, tm
 
 
 def test_unknown_kernel_name_lists_the_known_ones() -> None:
-    with pytest.raises(KeyError, match="known: sampler, wkv7"):
+    with pytest.raises(KeyError, match="known: fused, sampler, wkv7"):
         kernel_loader.kernel_sources("softmax")
 
 

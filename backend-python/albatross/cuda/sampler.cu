@@ -4,8 +4,13 @@
 // the same inputs give the same ids run after run. Thresholds are found without sorting:
 //  - top_k: radix select on the bit pattern of p (non-negative floats order like their bits),
 //    8 bits per pass with integer counts;
-//  - top_p: the largest value t with mass(p >= t) >= top_p, 4 bits per pass with per-thread mass
-//    histograms (register accumulators, so no float atomics and no order dependence).
+//  - top_p: the largest value t with mass(p >= t) >= top_p. First among a few candidates: the
+//    top-k set when top_k <= 1024, else the 1024 largest p; these are sorted in shared memory
+//    (p descending, id ascending: deterministic) and scanned. Only when that cannot decide (ties
+//    overflow the candidate buffer, or the 1024 largest hold less than top_p) the full walk runs:
+//    4 bits per pass over the row with per-thread mass histograms (register accumulators, so no
+//    float atomics and no order dependence). Each pass re-reads the row, so narrowing first saves
+//    most of the sampler's memory traffic.
 // The draw walks kept mass in id order: each thread owns a contiguous id range, a block scan gives
 // range offsets, and the one range where the cumulative mass reaches u * total is walked serially.
 
@@ -16,6 +21,7 @@ namespace {
 
 constexpr int THREADS = 1024;
 constexpr int WARPS = THREADS / 32;
+constexpr int CANDIDATES = THREADS;  // one sorted candidate per thread
 
 struct RowParams {
   const float* temperature;
@@ -156,6 +162,71 @@ __device__ float top_p_threshold(const Row& row, float top_p, float (*bin_mass)[
   return __uint_as_float(prefix);
 }
 
+// Shared buffers of the candidate search.
+struct Candidates {
+  float p[CANDIDATES];
+  int id[CANDIDATES];
+  float warp_total[WARPS];
+  int count;
+  int first;
+};
+
+// The top-p threshold when it is at least `floor`: collects the tokens with p >= floor, sorts them
+// (p descending, id ascending), and returns the p of the first one whose cumulative mass reaches
+// top_p. Returns false (every thread alike) when more than CANDIDATES tokens pass the floor or
+// their whole mass stays below top_p; the threshold is then below floor.
+__device__ bool top_p_from_candidates(const Row& row, float floor, float top_p, Candidates& c, float* threshold) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  if (tid == 0) { c.count = 0; c.first = INT_MAX; }
+  __syncthreads();
+  for (int e = tid; e < row.vocab; e += THREADS) {
+    const float p = row.prob(e);
+    if (p >= floor) {
+      const int at = atomicAdd(&c.count, 1);  // arrival order does not matter: sorted below
+      if (at < CANDIDATES) { c.p[at] = p; c.id[at] = e; }
+    }
+  }
+  __syncthreads();
+  const int n = c.count;
+  if (n > CANDIDATES) return false;
+  if (tid >= n) { c.p[tid] = -1.f; c.id[tid] = INT_MAX; }  // padding sorts last
+  __syncthreads();
+  // Bitonic sort, one element per thread.
+  for (int k = 2; k <= CANDIDATES; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      const int other = tid ^ j;
+      if (other > tid) {
+        const float pa = c.p[tid], pb = c.p[other];
+        const int ia = c.id[tid], ib = c.id[other];
+        const bool other_first = pb > pa || (pb == pa && ib < ia);
+        if (other_first == ((tid & k) == 0)) {
+          c.p[tid] = pb; c.p[other] = pa;
+          c.id[tid] = ib; c.id[other] = ia;
+        }
+      }
+      __syncthreads();
+    }
+  }
+  // Inclusive scan of the sorted masses (fixed order), then the first index reaching top_p.
+  const float mine = tid < n ? c.p[tid] : 0.f;
+  float incl = mine;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const float other = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += other;
+  }
+  if (lane == 31) c.warp_total[warp] = incl;
+  __syncthreads();
+  float offset = 0.f;
+  for (int w = 0; w < warp; ++w) offset += c.warp_total[w];
+  if (tid < n && offset + incl >= top_p) atomicMin(&c.first, tid);
+  __syncthreads();
+  const int first = c.first;
+  if (first == INT_MAX) return false;
+  *threshold = c.p[first];
+  return true;
+}
+
 __global__ void __launch_bounds__(THREADS) sample_kernel(const float* __restrict__ logits, const int64_t logits_stride,
                                                          const int64_t* __restrict__ slots, const RowParams params,
                                                          float* __restrict__ penalties, bool* __restrict__ seen,
@@ -172,6 +243,7 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(const float* __restrict
   __shared__ int warp_best_id[WARPS];
   __shared__ int chosen_thread;
   __shared__ int64_t token;
+  __shared__ Candidates candidates;
 
   Row row;
   row.logits = logits + row_index * logits_stride;
@@ -216,9 +288,23 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(const float* __restrict
 
     float threshold = 0.f;
     const int64_t top_k = params.top_k[row_index];
-    if (top_k > 0 && top_k < vocab) threshold = kth_largest(row, static_cast<int>(top_k), hist, shared_int);
+    const bool use_k = top_k > 0 && top_k < vocab;
+    if (use_k) threshold = kth_largest(row, static_cast<int>(top_k), hist, shared_int);
     const float top_p = params.top_p[row_index];
-    if (top_p < 1.f) threshold = fmaxf(threshold, top_p_threshold(row, top_p, bin_mass, mass16, shared_f, shared_int));
+    if (top_p < 1.f) {
+      // Candidates: the top-k set itself when it is small enough, else the CANDIDATES largest p.
+      const bool k_floor = use_k && top_k <= CANDIDATES;
+      const float floor = k_floor ? threshold
+                          : vocab > CANDIDATES ? kth_largest(row, CANDIDATES, hist, shared_int) : 0.f;
+      float t_p = 0.f;
+      if (top_p_from_candidates(row, floor, top_p, candidates, &t_p)) {
+        threshold = fmaxf(threshold, t_p);
+      } else if (!k_floor || candidates.count > CANDIDATES) {
+        // Undecided among the candidates. (With the top-k set as candidates and their mass below
+        // top_p, t_p lies below the top-k threshold and changes nothing.)
+        threshold = fmaxf(threshold, top_p_threshold(row, top_p, bin_mass, mass16, shared_f, shared_int));
+      }
+    }
 
     // Kept mass of this thread's contiguous id range, then an exclusive scan over threads.
     const int per = (vocab + THREADS - 1) / THREADS;
