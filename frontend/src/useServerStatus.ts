@@ -4,6 +4,7 @@ import { useCallback, useEffect, useRef, useState } from "react";
 import { getLoadedModelIds, getStatus, ModelStatus, type ServerStatus } from "./api/backend";
 import type { ApiClient } from "./api/client";
 import { AuthCancelledError, describeError } from "./api/errors";
+import { rateBetween, tokenSample, type TokenSample } from "./api/statusView";
 
 const POLL_MS = 2000;
 const POLL_WHILE_LOADING_MS = 700;
@@ -11,6 +12,8 @@ const POLL_WHILE_LOADING_MS = 700;
 export interface ServerStatusState {
   status: ServerStatus | null;
   loadedModelId: string | null;
+  /** Generated tokens per second over the last poll interval. */
+  measuredRate: number | null;
   error: string | null;
   needsPassword: boolean;
   refresh: () => void;
@@ -20,6 +23,8 @@ export interface ServerStatusState {
 export function useServerStatus(client: ApiClient): ServerStatusState {
   const [status, setStatus] = useState<ServerStatus | null>(null);
   const [loadedModelId, setLoadedModelId] = useState<string | null>(null);
+  const [measuredRate, setMeasuredRate] = useState<number | null>(null);
+  const lastSample = useRef<TokenSample | null>(null);
   const [error, setError] = useState<string | null>(null);
   const [needsPassword, setNeedsPassword] = useState(false);
   const [tick, setTick] = useState(0);
@@ -40,6 +45,9 @@ export function useServerStatus(client: ApiClient): ServerStatusState {
       try {
         const current = await getStatus(client, controller.signal);
         setStatus(current);
+        const sample = tokenSample(current, performance.now());
+        setMeasuredRate(rateBetween(lastSample.current, sample));
+        lastSample.current = sample;
         setError(null);
         if (current.status === ModelStatus.Loading) next = POLL_WHILE_LOADING_MS;
         // The model's name changes only when the loaded model does: look it up once per load.
@@ -65,5 +73,5 @@ export function useServerStatus(client: ApiClient): ServerStatusState {
     };
   }, [client, tick, needsPassword]);
 
-  return { status, loadedModelId, error, needsPassword, refresh, retryPassword };
+  return { status, loadedModelId, measuredRate, error, needsPassword, refresh, retryPassword };
 }

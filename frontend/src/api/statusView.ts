@@ -14,7 +14,28 @@ export interface StatusView {
   tokensPerSecond: number | null;
 }
 
-export function statusView(status: ServerStatus, loadedModelId: string | null): StatusView {
+/** A reading of the backend's cumulative token counter, to turn two polls into a rate. */
+export interface TokenSample {
+  total: number;
+  atMs: number;
+}
+
+/** The cumulative count of generated tokens, if the backend keeps one (Albatross does). */
+export function tokenSample(status: ServerStatus, atMs: number): TokenSample | null {
+  const total = firstNumber(status.effective ?? {}, ["generated_tokens_total", "decode_tokens_total"]);
+  return total === null ? null : { total, atMs };
+}
+
+/** Tokens per second between two polls; null when unknown or the counter went back (a new model). */
+export function rateBetween(previous: TokenSample | null, current: TokenSample | null): number | null {
+  if (previous === null || current === null) return null;
+  const seconds = (current.atMs - previous.atMs) / 1000;
+  if (seconds <= 0 || current.total < previous.total) return null;
+  return (current.total - previous.total) / seconds;
+}
+
+/** `measuredRate` (from `rateBetween`) is used when the backend reports no rate of its own. */
+export function statusView(status: ServerStatus, loadedModelId: string | null, measuredRate: number | null = null): StatusView {
   const effective = status.effective ?? {};
   return {
     state: status.status === ModelStatus.Working ? "working" : status.status === ModelStatus.Loading ? "loading" : "offline",
@@ -25,7 +46,7 @@ export function statusView(status: ServerStatus, loadedModelId: string | null): 
     workers: firstNumber(effective, ["worker_num", "workers"]),
     batch: firstNumber(effective, ["batch_size", "batch"]),
     activeSlots: firstNumber(effective, ["active_slots", "active", "running"]),
-    tokensPerSecond: firstNumber(effective, ["tokens_per_second", "decode_tokens_per_second", "tokens_per_s"]),
+    tokensPerSecond: firstNumber(effective, ["tokens_per_second", "decode_tokens_per_second"]) ?? measuredRate,
   };
 }
 

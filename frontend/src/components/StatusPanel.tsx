@@ -7,7 +7,7 @@ import type { StringKey } from "../i18n/strings";
 
 export function StatusPanel({ server }: { server: ServerStatusState }) {
   const t = useT();
-  const view = server.status ? statusView(server.status, server.loadedModelId) : null;
+  const view = server.status ? statusView(server.status, server.loadedModelId, server.measuredRate) : null;
   const rows: [StringKey, string | number | null, string][] = view
     ? [
         ["statusModel", view.model, "model"],

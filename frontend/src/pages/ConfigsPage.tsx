@@ -118,7 +118,7 @@ export function ConfigsPage({
     }
   };
 
-  const view = server.status ? statusView(server.status, server.loadedModelId) : null;
+  const view = server.status ? statusView(server.status, server.loadedModelId, server.measuredRate) : null;
 
   return (
     <div style={{ display: "flex", flexDirection: "column", gap: 16, maxWidth: 760 }}>
