@@ -12,7 +12,8 @@ state lives at index `slot_idx[s]` of a `[B, ...]` pool tensor.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -243,6 +244,22 @@ def unregister_cuda_ops(*names: str) -> None:
     """Remove CUDA implementations (all of them when no name is given); the torch twins remain."""
     for name in names or tuple(_CUDA_OPS):
         _CUDA_OPS.pop(name, None)
+
+
+@contextlib.contextmanager
+def cuda_ops_replaced(**implementations: Callable[..., Any]) -> Iterator[None]:
+    """Install implementations for the duration of a block, then restore exactly what was there
+    (tests use it, so a test never leaves the process without the real kernels)."""
+    previous = {name: _CUDA_OPS.get(name) for name in implementations}
+    register_cuda_ops(**implementations)
+    try:
+        yield
+    finally:
+        for name, fn in previous.items():
+            if fn is None:
+                _CUDA_OPS.pop(name, None)
+            else:
+                _CUDA_OPS[name] = fn
 
 
 def registered_cuda_ops() -> tuple[str, ...]:

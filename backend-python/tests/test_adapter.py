@@ -20,7 +20,7 @@ from runner.settings import ServerSettings
 
 @pytest.fixture(scope="module")
 def backend(tiny_checkpoint: Path) -> Iterator[AlbatrossRWKV]:
-    engine = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=3)
+    engine = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=3, device="cpu")
     yield engine
     engine.shutdown()
 
@@ -85,9 +85,9 @@ def test_random_model_specs_name_a_shape_and_a_seed() -> None:
 
 
 def test_a_random_spec_or_an_already_built_model_can_be_served() -> None:
-    by_spec = AlbatrossRWKV("random:1x64:3", batch_size=2)
+    by_spec = AlbatrossRWKV("random:1x64:3", batch_size=2, device="cpu")
     model = RWKV7.from_state_dict(random_state_dict(CheckpointShape(1, 64), seed=3), "cpu", progress=False)
-    prebuilt = AlbatrossRWKV("ignored", batch_size=2, model=model)
+    prebuilt = AlbatrossRWKV("ignored", batch_size=2, model=model, device="cpu")
     try:
         request = GenerationRequest([5, 6, 7], SamplingParams(max_tokens=4, temperature=0))
         a = [t for e in by_spec.generate(request) for t in e.token_ids]

@@ -22,14 +22,14 @@ GREEDY = SamplingParams(max_tokens=12, temperature=0.0, frequency_penalty=0.5, p
 
 @pytest.fixture(scope="module")
 def engine(tiny_checkpoint: Path) -> Iterator[AlbatrossRWKV]:
-    backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=8, prefill_chunk=5, prefill_budget=24)
+    backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=8, prefill_chunk=5, prefill_budget=24, device="cpu")
     yield backend
     backend.shutdown()
 
 
 @pytest.fixture(scope="module")
 def overlapped_engine(tiny_checkpoint: Path) -> Iterator[AlbatrossRWKV]:
-    backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=8, prefill_chunk=5, overlap=True)
+    backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=8, prefill_chunk=5, overlap=True, device="cpu")
     yield backend
     backend.shutdown()
 

@@ -25,7 +25,7 @@ GREEDY = SamplingParams(max_tokens=6, temperature=0.0, stop_token_ids=())
 
 @pytest.fixture()
 def engine(tiny_checkpoint: Path) -> Iterator[AlbatrossRWKV]:
-    backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=4)
+    backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=4, device="cpu")
     yield backend
     backend.shutdown()
 
@@ -132,7 +132,7 @@ def test_when_the_engine_dies_waiting_and_later_requests_get_503_at_once(engine:
 
 def test_switching_models_twice_leaves_no_engine_thread(tiny_checkpoint: Path) -> None:
     for _ in range(2):
-        backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=2)
+        backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=2, device="cpu")
         assert "albatross-engine" in engine_threads() and "albatross-worker-0" in engine_threads()
         backend.shutdown()
     assert engine_threads() == [], f"threads left behind: {engine_threads()}"
@@ -148,7 +148,7 @@ def test_a_worker_that_dies_while_loading_weights_fails_initialization(tmp_path:
     corrupt = tmp_path / "corrupt.pth"
     corrupt.write_bytes(b"not a checkpoint")
     with pytest.raises(RuntimeError, match="^Albatross engine initialization failed: worker 0"):
-        AlbatrossRWKV(str(corrupt), worker_num=2)
+        AlbatrossRWKV(str(corrupt), worker_num=2, device="cpu")
     assert engine_threads() == []
 
 
@@ -171,7 +171,7 @@ def test_a_load_that_never_finishes_fails_initialization_after_the_timeout() -> 
 
 
 def test_requests_after_shutdown_get_503(tiny_checkpoint: Path) -> None:
-    backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=1)
+    backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=1, device="cpu")
     backend.shutdown()
     result = run_all(backend, [GenerationRequest([1], GREEDY)])[0]
     assert isinstance(result, BackendError) and result.status_code == 503

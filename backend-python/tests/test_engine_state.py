@@ -24,7 +24,7 @@ def greedy(max_tokens: int, stop: tuple[str, ...] = ()) -> SamplingParams:
 @pytest.fixture(scope="module", params=[False, True], ids=["plain", "overlap"])
 def engine(request: pytest.FixtureRequest, tiny_checkpoint: Path) -> Iterator[AlbatrossRWKV]:
     backend = AlbatrossRWKV(
-        str(tiny_checkpoint), worker_num=1, batch_size=4, state_store=DictStateStore(), overlap=request.param
+        str(tiny_checkpoint), worker_num=1, batch_size=4, state_store=DictStateStore(), overlap=request.param, device="cpu"
     )
     yield backend
     backend.shutdown()
@@ -127,7 +127,7 @@ def test_the_prefix_cache_resumes_from_the_longest_cached_prefix_with_identical_
 
 
 def test_a_state_request_without_a_store_is_refused(tiny_checkpoint: Path) -> None:
-    backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=1)
+    backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=1, device="cpu")
     try:
         with pytest.raises(BackendError) as caught:
             run(backend, GenerationRequest([1], greedy(1), state=StateRef(save_key="x")))

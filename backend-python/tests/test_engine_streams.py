@@ -23,7 +23,7 @@ def greedy(max_tokens: int) -> SamplingParams:
 
 @pytest.fixture(scope="module")
 def engine(tiny_checkpoint: Path) -> Iterator[AlbatrossRWKV]:
-    backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=8)
+    backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=8, device="cpu")
     yield backend
     backend.shutdown()
 

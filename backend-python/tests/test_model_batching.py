@@ -193,10 +193,9 @@ def test_cuda_ops_are_not_used_for_cpu_tensors(model: RWKV7) -> None:
         calls.append("wkv7")
         raise AssertionError("the CUDA op must not run on CPU tensors")
 
-    ops.register_cuda_ops(wkv7=spy)
-    try:
+    before = ops.registered_cuda_ops()
+    with ops.cuda_ops_replaced(wkv7=spy):
         assert "wkv7" in ops.registered_cuda_ops()
         model.forward(StatePool(model, batch_size=1), [0], [[1, 2, 3]])
-    finally:
-        ops.unregister_cuda_ops("wkv7")
-    assert calls == [] and "wkv7" not in ops.registered_cuda_ops()
+    assert calls == [], "the CUDA op ran on CPU tensors"
+    assert ops.registered_cuda_ops() == before, "the previous registrations are restored"

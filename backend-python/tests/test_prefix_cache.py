@@ -21,7 +21,7 @@ GREEDY = SamplingParams(max_tokens=6, temperature=0.0, stop=())
 
 @pytest.fixture
 def engine(tiny_checkpoint: Path, tmp_path: Path) -> Iterator[AlbatrossRWKV]:
-    backend = AlbatrossRWKV(str(tiny_checkpoint), 1, 4, state_store_factory=lambda fingerprint, device: StateCache(tmp_path / "states.sqlite3", fingerprint, device=device))
+    backend = AlbatrossRWKV(str(tiny_checkpoint), 1, 4, device="cpu", state_store_factory=lambda fingerprint, device: StateCache(tmp_path / "states.sqlite3", fingerprint, device=device))
     yield backend
     backend.shutdown()
 

@@ -1,0 +1,94 @@
+"""The engine's GPU path (CUDA kernels, captured decode graphs, step overlap) computes what the
+model core computes one slot at a time on the same GPU. Skipped without CUDA."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from albatross import cuda_ops
+from albatross.model import RWKV7
+from albatross.random_checkpoint import CheckpointShape, random_state_dict
+from albatross.sampler import PenaltyPool, SamplingBatch, sample, seed_to_seed32
+from albatross_engine.adapter import AlbatrossRWKV
+from runner.interface import GenerationEvent, GenerationRequest, SamplingParams
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
+
+# The margin-checked weights of tests/test_model_cuda.py: greedy top-2 margins stay far above fp16
+# rounding, so batching (other matmul shapes) cannot flip a greedy choice.
+SHAPE = CheckpointShape(n_layer=4, n_embd=256)
+WEIGHT_SEED = 3
+
+
+def build_model() -> RWKV7:
+    cuda_ops.enable_cuda_kernels()
+    return RWKV7.from_state_dict(random_state_dict(SHAPE, seed=WEIGHT_SEED, device="cuda"), "cuda", torch.float16, progress=False)
+
+
+@pytest.fixture(scope="module")
+def reference_model() -> RWKV7:
+    return build_model()
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["eager", "overlap+graphs"])
+def engine(request: pytest.FixtureRequest) -> Iterator[AlbatrossRWKV]:
+    backend = AlbatrossRWKV("gpu-test", batch_size=16, model=build_model(), device="cuda", overlap=request.param, cuda_graphs=request.param)
+    yield backend
+    backend.shutdown()
+
+
+def reference_tokens(model: RWKV7, prompt: list[int], params: SamplingParams, seed: int) -> list[int]:
+    pool = model.new_pool(1)
+    penalties = PenaltyPool(1, model.config.vocab_size, model.device)
+    slot = torch.tensor([0], device=model.device)
+    logits = model.forward(pool, [0], [prompt])
+    out: list[int] = []
+    for step in range(params.max_tokens):
+        batch = SamplingBatch.from_params([params], [seed_to_seed32(seed)], [step], device=model.device)
+        token = int(sample(logits, slot, batch, penalties)[0])
+        out.append(token)
+        logits = model.forward(pool, [0], [[token]])
+    return out
+
+
+def collect(backend: AlbatrossRWKV, requests: list[GenerationRequest]) -> list[list[GenerationEvent]]:
+    async def one(request: GenerationRequest) -> list[GenerationEvent]:
+        return [event async for event in backend.async_generate(request)]
+
+    async def run() -> list[list[GenerationEvent]]:
+        return list(await asyncio.gather(*(one(r) for r in requests)))
+
+    return asyncio.run(run())
+
+
+def token_ids(events: list[GenerationEvent]) -> list[int]:
+    return [token for event in events for token in event.token_ids]
+
+
+def test_greedy_request_in_a_crowded_gpu_batch_equals_the_model_core_alone(engine: AlbatrossRWKV, reference_model: RWKV7) -> None:
+    rng = random.Random(5)
+    greedy = SamplingParams(max_tokens=24, temperature=0.0, frequency_penalty=0.0, stop_token_ids=())
+    prompt = torch.randint(0, 65536, (32,), generator=torch.Generator().manual_seed(112)).tolist()
+    expected = reference_tokens(reference_model, prompt, greedy, seed=0)
+    crowd = [
+        GenerationRequest([rng.randrange(1, 65530) for _ in range(rng.randint(1, 40))], SamplingParams(max_tokens=rng.randint(1, 30), temperature=1.0, top_p=0.9, seed=rng.randrange(2**32), stop_token_ids=()))
+        for _ in range(12)
+    ]
+    results = collect(engine, crowd + [GenerationRequest(prompt, greedy)])
+    assert token_ids(results[-1]) == expected, "the greedy continuation changed inside a GPU batch"
+    assert all(events[-1].finish_reason == "length" for events in results), "every request runs to max_tokens"
+
+
+def test_seeded_sampling_on_the_gpu_does_not_depend_on_the_batch(engine: AlbatrossRWKV) -> None:
+    params = SamplingParams(max_tokens=16, temperature=1.0, top_p=0.95, top_k=40, seed=77, stop_token_ids=())
+    target = GenerationRequest([11, 22, 33, 44, 55], params)
+    alone = token_ids(collect(engine, [target])[0])
+    rng = random.Random(9)
+    crowd = [GenerationRequest([rng.randrange(1, 65530) for _ in range(8)], SamplingParams(max_tokens=20, seed=rng.randrange(2**32), stop_token_ids=())) for _ in range(10)]
+    crowded = token_ids(collect(engine, crowd + [target])[-1])
+    assert alone == crowded, f"seeded tokens differ alone {alone} and in a batch {crowded}"
