@@ -1,4 +1,4 @@
-import { useRef, useState, type KeyboardEvent } from "react";
+import { useEffect, useRef, useState, type KeyboardEvent } from "react";
 import {
   Button,
   Card,
@@ -11,12 +11,13 @@ import {
   tokens,
 } from "@fluentui/react-components";
 import type { ApiClient } from "../api/client";
-import { describeError, isAbortError } from "../api/errors";
+import { isAbortError } from "../api/errors";
 import { streamChat, type ChatMessage, type StreamOutcome } from "../api/streams";
 import type { Settings } from "../config/settings";
 import { useT } from "../i18n/I18nContext";
 import { SamplingForm } from "../components/SamplingForm";
 import { UsageLine } from "../components/UsageLine";
+import { useErrorText } from "../components/useErrorText";
 
 interface ShownMessage extends ChatMessage {
   stopped?: boolean;
@@ -38,7 +39,14 @@ export function ChatPage({
   const [error, setError] = useState<string | null>(null);
   const [lastOutcome, setLastOutcome] = useState<StreamOutcome | null>(null);
   const controller = useRef<AbortController | null>(null);
+  const log = useRef<HTMLDivElement>(null);
+  const errorText = useErrorText();
   const busy = reply !== null;
+
+  // Follow the conversation as it grows, as chat apps do.
+  useEffect(() => {
+    log.current?.scrollTo({ top: log.current.scrollHeight });
+  }, [messages, reply]);
 
   const generate = async (history: ShownMessage[]) => {
     const abort = new AbortController();
@@ -59,7 +67,7 @@ export function ChatPage({
       if (partial !== "" || isAbortError(caught)) {
         setMessages([...history, { role: "assistant", content: partial, stopped: true }]);
       }
-      if (!isAbortError(caught)) setError(describeError(caught));
+      if (!isAbortError(caught)) setError(errorText(caught));
     } finally {
       controller.current = null;
       setReply(null);
@@ -89,7 +97,7 @@ export function ChatPage({
   return (
     <div style={{ display: "flex", gap: 16, alignItems: "flex-start", minHeight: 0 }}>
       <div style={{ flexGrow: 1, display: "flex", flexDirection: "column", gap: 12, minWidth: 0 }}>
-        <Card style={{ minHeight: 320, maxHeight: "60vh", overflowY: "auto" }} data-testid="chat-log">
+        <Card ref={log} style={{ minHeight: 320, maxHeight: "60vh", overflowY: "auto" }} data-testid="chat-log">
           {messages.length === 0 && !busy && <Text>{t("chatEmpty")}</Text>}
           {messages.map((message, index) => (
             <MessageView key={index} message={message} />

@@ -11,7 +11,7 @@ import {
   Title3,
 } from "@fluentui/react-components";
 import type { ApiClient } from "../api/client";
-import { describeError, isAbortError } from "../api/errors";
+import { isAbortError } from "../api/errors";
 import { streamBatch, streamCompletion, type StreamOutcome } from "../api/streams";
 import { batchReducer, deltasFromChunk, initialBatchState, MAX_BATCH_COUNT, type BatchDelta } from "../batch/batchState";
 import type { Settings } from "../config/settings";
@@ -20,6 +20,7 @@ import { useT } from "../i18n/I18nContext";
 import { BatchStrip } from "../components/BatchStrip";
 import { SamplingForm } from "../components/SamplingForm";
 import { UsageLine } from "../components/UsageLine";
+import { useErrorText } from "../components/useErrorText";
 
 // Batch news is applied to React state at most this often, so 1000 streams do not mean 1000 renders.
 const BATCH_FLUSH_MS = 80;
@@ -34,6 +35,7 @@ export function CompletionPage({
   update: (patch: Partial<Settings>) => void;
 }) {
   const t = useT();
+  const errorText = useErrorText();
   const [generating, setGenerating] = useState(false);
   const [outcome, setOutcome] = useState<StreamOutcome | null>(null);
   const [error, setError] = useState<string | null>(null);
@@ -66,7 +68,7 @@ export function CompletionPage({
       });
       setOutcome(result);
     } catch (caught) {
-      if (!isAbortError(caught)) setError(describeError(caught));
+      if (!isAbortError(caught)) setError(errorText(caught));
     } finally {
       single.current = null;
       setGenerating(false);
@@ -99,7 +101,7 @@ export function CompletionPage({
       clearTimeout(flushTimer.current);
       flush();
       if (isAbortError(caught)) dispatch({ type: "stopped" });
-      else dispatch({ type: "failed", message: describeError(caught) });
+      else dispatch({ type: "failed", message: errorText(caught) });
     } finally {
       batchAbort.current = null;
     }

@@ -15,7 +15,8 @@ import {
 } from "@fluentui/react-components";
 import { getLocalModels, switchModel, updateConfig, type LocalModel } from "../api/backend";
 import type { ApiClient } from "../api/client";
-import { describeError } from "../api/errors";
+import { ApiError } from "../api/errors";
+import { useErrorText } from "../components/useErrorText";
 import { statusView } from "../api/statusView";
 import type { Settings } from "../config/settings";
 import {
@@ -50,6 +51,7 @@ export function ConfigsPage({
   server: ServerStatusState;
 }) {
   const t = useT();
+  const errorText = useErrorText();
   const [models, setModels] = useState<LocalModel[] | null>(null);
   const [modelsError, setModelsError] = useState<string | null>(null);
   const [workersText, setWorkersText] = useState(String(settings.workers));
@@ -63,7 +65,7 @@ export function ConfigsPage({
       setModels(await getLocalModels(client));
       setModelsError(null);
     } catch (caught) {
-      setModelsError(describeError(caught));
+      setModelsError(errorText(caught));
     }
   }, [client]);
   useEffect(() => void refreshModels(), [refreshModels]);
@@ -102,7 +104,9 @@ export function ConfigsPage({
       const name = models?.find((model) => model.path === body.model)?.name ?? body.model;
       setLoadNotice(body.model ? { intent: "success", title: t("configsLoaded", { model: name }), text: body.strategy } : null);
     } catch (caught) {
-      setLoadNotice({ intent: "error", title: t("configsLoadFailed"), text: describeError(caught) });
+      // 304 is the runner's answer while another load is still running.
+      const text = caught instanceof ApiError && caught.status === 304 ? t("configsLoadInProgress") : errorText(caught);
+      setLoadNotice({ intent: "error", title: t("configsLoadFailed"), text });
     } finally {
       setLoading(false);
       server.refresh();
@@ -114,7 +118,7 @@ export function ConfigsPage({
       await updateConfig(client, settings.serverDefaults);
       setDefaultsNotice({ intent: "success", title: t("configsDefaultsSaved"), text: "" });
     } catch (caught) {
-      setDefaultsNotice({ intent: "error", title: t("configsDefaultsFailed"), text: describeError(caught) });
+      setDefaultsNotice({ intent: "error", title: t("configsDefaultsFailed"), text: errorText(caught) });
     }
   };
 

@@ -1,7 +1,7 @@
 // Process plumbing for the browser tests: the real backend with a tiny random checkpoint, and
 // Debian's headless Chromium driven over CDP by playwright-core (no browser download).
 import { spawn, spawnSync } from "node:child_process";
-import { existsSync, mkdtempSync, readFileSync, rmSync } from "node:fs";
+import { existsSync, mkdtempSync, readdirSync, readFileSync, rmSync, statSync } from "node:fs";
 import { createServer } from "node:net";
 import { tmpdir } from "node:os";
 import { dirname, join, resolve } from "node:path";
@@ -14,8 +14,18 @@ const BACKEND = join(REPO, "backend-python");
 const PYTHON = process.env.PYTHON ?? (existsSync(join(REPO, ".venv/bin/python")) ? join(REPO, ".venv/bin/python") : "python3");
 const CHROMIUM = process.env.CHROMIUM ?? "/usr/bin/chromium";
 
+/** Newest modification time among the files the build reads. */
+function newestSourceMs() {
+  const sources = [join(FRONTEND, "index.html"), join(FRONTEND, "vite.config.ts"), join(FRONTEND, "package-lock.json")];
+  for (const entry of readdirSync(join(FRONTEND, "src"), { recursive: true })) sources.push(join(FRONTEND, "src", entry));
+  return Math.max(...sources.map((path) => statSync(path).mtimeMs));
+}
+
+/** Builds dist when it is missing, older than a source file, or `--rebuild` is given. */
 export function ensureBuilt() {
-  if (existsSync(join(FRONTEND, "dist/index.html")) && !process.argv.includes("--rebuild")) return;
+  const index = join(FRONTEND, "dist/index.html");
+  const fresh = existsSync(index) && statSync(index).mtimeMs >= newestSourceMs();
+  if (fresh && !process.argv.includes("--rebuild")) return;
   console.log("building frontend/dist ...");
   const built = spawnSync(join(FRONTEND, "node_modules/.bin/vite"), ["build", "--logLevel", "warn"], { cwd: FRONTEND, stdio: "inherit" });
   if (built.status !== 0) throw new Error("vite build failed");
@@ -86,6 +96,9 @@ export async function startBackend({ modelsDir, password }) {
 
 /** Launches Chromium with the flags the project uses and connects playwright to it over CDP. */
 export async function launchChromium() {
+  if (!existsSync(CHROMIUM)) {
+    throw new Error(`no Chromium at ${CHROMIUM}: install Debian's (apt-get install -y chromium) or set CHROMIUM`);
+  }
   const userDataDir = makeTempDir("webui-chromium-");
   const child = spawn(
     CHROMIUM,
