@@ -26,7 +26,7 @@ from albatross.tokenizer import Tokenizer, get_tokenizer
 from albatross_engine.config import AlbatrossBackendConfig, config_field_names, parse_albatross_strategy
 from albatross_engine.core import INIT_ERROR_PREFIX, AsyncEngineCore
 from albatross_engine.state_store import PromptEndIndex, StateStore
-from albatross_engine.tasks import AsyncChannel, EngineTask, EventChannel, SyncChannel
+from albatross_engine.tasks import AsyncChannel, EngineTask, EventChannel, SyncChannel, merge_events
 from albatross_engine.worker import ModelLoader, Worker
 from runner.interface import AbstractRWKV, BackendError, GenerationEvent, GenerationRequest, SamplingDefaults
 
@@ -163,12 +163,26 @@ class AlbatrossRWKV(AbstractRWKV):
         core = self.core
         core.submit(task)
         done = False
+        pending: BaseException | None = None
         try:
             while True:
-                item = await channel.queue.get()
+                item = pending if pending is not None else await channel.queue.get()
+                pending = None
                 if isinstance(item, BaseException):
                     done = True
                     raise item
+                # Under load the caller falls behind the engine; what has queued up meanwhile goes
+                # out as one event (up to the finish), not one event per token.
+                later: list[GenerationEvent] = []
+                while item.finish_reason is None and not channel.queue.empty():
+                    queued = channel.queue.get_nowait()
+                    if isinstance(queued, BaseException):
+                        pending = queued
+                        break
+                    later.append(queued)
+                    if queued.finish_reason is not None:
+                        break
+                item = merge_events(item, later)
                 done = item.finish_reason is not None
                 yield item
                 if done:

@@ -24,6 +24,26 @@ EventItem = Union[GenerationEvent, BaseException]  # an exception ends the strea
 _task_ids = itertools.count(1)
 
 
+def merge_events(first: GenerationEvent, later: list[GenerationEvent]) -> GenerationEvent:
+    """One event equal to `first` followed by `later` (deltas joined, counters from the last), so a
+    caller that fell behind pays the per-event cost of the HTTP layer once, not once per token."""
+    if not later:
+        return first
+    events = [first, *later]
+    last = events[-1]
+    logprobs = [entry for event in events for entry in (event.logprobs or ())]
+    return GenerationEvent(
+        text="".join(event.text for event in events),
+        token_ids=[token for event in events for token in event.token_ids],
+        finish_reason=last.finish_reason,
+        prompt_tokens=last.prompt_tokens,
+        completion_tokens=last.completion_tokens,
+        cached_prompt_tokens=max(event.cached_prompt_tokens for event in events),
+        error=last.error,
+        logprobs=logprobs if any(event.logprobs is not None for event in events) else None,
+    )
+
+
 class AsyncChannel:
     """Events for a caller on an asyncio loop; only that loop touches the queue."""
 

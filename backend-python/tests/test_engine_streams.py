@@ -166,3 +166,30 @@ def test_logprobs_report_the_chosen_token_and_the_top_k(engine: AlbatrossRWKV) -
         assert entry.logprob <= 0.0
     plain = asyncio.run(_collect(engine, GenerationRequest([14, 15], greedy(3))))
     assert all(e.logprobs is None for e in plain), "no logprobs unless asked"
+
+
+def test_a_caller_that_fell_behind_gets_the_queued_tokens_as_one_merged_event(engine: AlbatrossRWKV) -> None:
+    request = GenerationRequest(prompt_tokens=[7, 8, 9, 10], sampling=greedy(12))
+
+    async def read(slow: bool) -> list[GenerationEvent]:
+        events: list[GenerationEvent] = []
+        finished_before = sum(engine.status()["requests_finished"].values())
+        iterator = engine.async_generate(request)
+        events.append(await iterator.__anext__())
+        if slow:  # let the engine finish the request before reading on
+            for _ in range(600):
+                if sum(engine.status()["requests_finished"].values()) > finished_before:
+                    break
+                await asyncio.sleep(0.05)
+            await asyncio.sleep(0.2)  # the step's events reach this loop right after it is counted
+        async for event in iterator:
+            events.append(event)
+        return events
+
+    prompt_read = asyncio.run(read(slow=False))
+    late_read = asyncio.run(read(slow=True))
+    assert len(late_read) == 2, f"expected the first event and one merged event, got {len(late_read)} events"
+    for name, events in (("prompt", prompt_read), ("late", late_read)):
+        assert events[-1].finish_reason == "length" and events[-1].completion_tokens == 12, name
+    assert [t for e in late_read for t in e.token_ids] == [t for e in prompt_read for t in e.token_ids]
+    assert "".join(e.text for e in late_read) == "".join(e.text for e in prompt_read)
