@@ -19,7 +19,7 @@ fi
 
 if [ "${ENGINE:-1}" = 1 ]; then
   timeout 240 python3 bench/engine_benchmark.py --shape "${SHAPE:-7.2b}" --requests 960 --batch 960 --json "$OUT/engine960.json" 2>&1 | tee "$OUT/engine960.txt" | tail -25
-  timeout 90 python3 bench/engine_benchmark.py --shape "${SHAPE:-7.2b}" --requests 1 --batch 1 --prompt-min 64 --prompt-max 64 --json "$OUT/engine1.json" 2>&1 | tail -12
+  [ "${BATCH1:-1}" = 1 ] && timeout 90 python3 bench/engine_benchmark.py --shape "${SHAPE:-7.2b}" --requests 1 --batch 1 --prompt-min 64 --prompt-max 64 --json "$OUT/engine1.json" 2>&1 | tail -12
 fi
 
 if [ "${HTTP:-1}" = 1 ]; then
@@ -30,7 +30,7 @@ if [ "${HTTP:-1}" = 1 ]; then
     sleep 1
   done
   timeout 300 python3 bench/albatross_api_benchmark.py --url http://127.0.0.1:8123 --concurrency "${LEVELS:-1,64,960}" \
-      --max-tokens 256 --prompt-words 200 --json "$OUT/api.json" 2>&1 | tee "$OUT/api.txt" | tail -15
+      --max-tokens 256 --prompt-words 200 --client-procs 8 --json "$OUT/api.json" 2>&1 | tee "$OUT/api.txt" | tail -15
   kill "$server"; wait "$server" 2>/dev/null
   tail -5 "$OUT/server.log"
 fi
