@@ -2,7 +2,7 @@ import { Button, Card, Text, tokens } from "@fluentui/react-components";
 import { useT } from "../i18n/I18nContext";
 import { statusView } from "../api/statusView";
 import type { ServerStatusState } from "../useServerStatus";
-import { StateBadge } from "./StateBadge";
+import { shownState, StateBadge } from "./StateBadge";
 import type { StringKey } from "../i18n/strings";
 
 export function StatusPanel({ server }: { server: ServerStatusState }) {
@@ -24,7 +24,7 @@ export function StatusPanel({ server }: { server: ServerStatusState }) {
     <Card data-testid="status-panel" style={{ width: 260, flexShrink: 0 }}>
       <div style={{ display: "flex", justifyContent: "space-between", alignItems: "center" }}>
         <Text weight="semibold">{t("statusTitle")}</Text>
-        <StateBadge state={view ? view.state : null} />
+        <StateBadge state={shownState(view, server.error)} />
       </div>
       {server.needsPassword && (
         <div style={{ display: "flex", flexDirection: "column", gap: 6 }}>

@@ -32,7 +32,7 @@ import {
 import { useT } from "../i18n/I18nContext";
 import type { StringKey } from "../i18n/strings";
 import { SamplingForm } from "../components/SamplingForm";
-import { StateBadge } from "../components/StateBadge";
+import { shownState, StateBadge } from "../components/StateBadge";
 import type { ServerStatusState } from "../useServerStatus";
 
 const DEVICE_LABELS: Record<Device, StringKey> = { cpu: "deviceCpu", cuda: "deviceCuda", albatross: "deviceAlbatross" };
@@ -216,7 +216,7 @@ export function ConfigsPage({
           </Button>
           {loading && <Spinner size="tiny" />}
           <Text>{t("configsServerState")}:</Text>
-          <StateBadge state={view ? view.state : null} />
+          <StateBadge state={shownState(view, server.error)} />
         </div>
         {loadNotice && <NoticeBar notice={loadNotice} testId="load-notice" />}
       </Card>
