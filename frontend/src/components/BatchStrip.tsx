@@ -233,8 +233,12 @@ function HoverCard(props: {
 
 async function copyText(text: string): Promise<void> {
   if (navigator.clipboard && window.isSecureContext) {
-    await navigator.clipboard.writeText(text);
-    return;
+    try {
+      await navigator.clipboard.writeText(text);
+      return;
+    } catch {
+      // Refused (no permission, page not focused): the selection fallback below still works.
+    }
   }
   // Plain-HTTP pages behind a proxy have no Clipboard API: fall back to a hidden selection.
   const area = document.createElement("textarea");

@@ -186,7 +186,11 @@ export const scenarios = [
         const text = await page.getByTestId("batch-hover-text").textContent();
         assert.ok(text.trim().length > 0 && text !== "(no text yet)", `cell ${index + 1} must show its text`);
       }
-      await page.getByTestId("batch-copy").waitFor();
+      await page.context().grantPermissions(["clipboard-read", "clipboard-write"], { origin: open.url });
+      const shown = await page.getByTestId("batch-hover-text").textContent();
+      await page.getByTestId("batch-copy").click();
+      await page.getByTestId("batch-copy").getByText("Copied").waitFor();
+      assert.equal(await page.evaluate(() => navigator.clipboard.readText()), shown, "Copy puts the item's text on the clipboard");
       await shot(page, screenshots, "completion");
     },
   },
