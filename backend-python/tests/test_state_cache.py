@@ -127,6 +127,17 @@ def test_prefix_cache_states_reach_disk_only_on_flush(make_cache, db_path: Path)
     assert ("model-a", "prefix:abc") in rows_on_disk(db_path), "flush must write every memory entry"
 
 
+def test_a_prefix_state_falling_out_of_host_memory_is_dropped_not_written(make_cache, db_path: Path) -> None:
+    cache = make_cache(l1=ENTRY_BYTES, l2=ENTRY_BYTES)
+    for index in range(3):
+        cache.put(f"prefix:{index}", random_state(index))
+    cache.wait_persisted(timeout=10)
+    assert not rows_on_disk(db_path), "no prefix state is written under memory pressure"
+    assert tiers(cache) == {"prefix:1": "L2", "prefix:2": "L1"}
+    assert cache.get("prefix:0") is None, "the oldest prefix state was dropped"
+    assert cache.stats()["prefix_dropped"] == 1
+
+
 def test_states_survive_a_restart(make_cache) -> None:
     first = make_cache()
     first.put("kept", random_state(5))

@@ -6,8 +6,9 @@ need (delete, delete_prefix, sessions, counters, flush).
 Durability policy: a session key (anything but `prefix:...`) is written through: `put` places the
 state in L1 and queues it for the writer thread, which commits it to SQLite in one transaction, so a
 crash loses at most the turns whose write was still queued; `wait_persisted(key)` lets a route reply
-only after its turn is on disk. Prefix-cache keys are written back: they reach SQLite only when they
-fall out of L2 or on `flush()`, because losing them costs recomputation, never correctness.
+only after its turn is on disk. Prefix-cache keys are written back: they reach SQLite only on `flush()`
+(shutdown), and one that falls out of L2 is dropped, because losing it costs recomputation, never
+correctness, while writing it under load would cost gigabytes of disk traffic.
 
 Copy-on-read and copy-on-write: `put` stores a copy and `get` returns a copy, so a running slot never
 shares memory with a cached entry. Cached states are never mutated in place, which is what lets the
@@ -72,6 +73,7 @@ class CacheStats:
     l1_hits: int = 0
     l2_hits: int = 0
     l3_hits: int = 0
+    prefix_dropped: int = 0
     misses: int = 0
     puts: int = 0
     disk_writes: int = 0
@@ -243,6 +245,7 @@ class StateCache:
                 "l1_hits": s.l1_hits,
                 "l2_hits": s.l2_hits,
                 "l3_hits": s.l3_hits,
+                "prefix_dropped": s.prefix_dropped,
                 "misses": s.misses,
                 "puts": s.puts,
                 "disk_writes": s.disk_writes,
@@ -269,8 +272,11 @@ class StateCache:
             host_state = entry.state if self.device == _CPU else copy_state(entry.state, _CPU)
             self._l2.insert(key, CachedEntry(host_state, entry.nbytes, entry.last_updated, dirty=entry.dirty))
         for key, entry in list(self._l2.evict_over_budget()):
+            # Only prefix-cache entries are dirty (sessions are written through). One falling out of
+            # host memory is dropped, not written: under load that would mean gigabytes of disk
+            # writes (32 MB a state at 7.2B) to save a recomputable prefill.
             if entry.dirty:
-                self._enqueue(key, entry.state, entry.last_updated)
+                self._stats.prefix_dropped += 1
 
     def _enqueue(self, key: str, state: Any, last_updated: float) -> None:
         host_state = state if _on_cpu(state) else copy_state(state, _CPU)
