@@ -50,10 +50,10 @@ serve: deps frontend $(if $(MODEL),,demo-model)
 		$(if $(STRATEGY),--strategy "$(STRATEGY)") $(if $(PASSWORD),--password "$(PASSWORD)") \
 		$$([ -f ../frontend/dist/index.html ] && echo --webui)
 
-frontend-test:
-	@if [ ! -f frontend/package.json ]; then echo "no frontend/: no frontend tests"; \
-	elif [ -f frontend/Makefile ]; then $(MAKE) -C frontend test; \
-	else (cd frontend && ([ -d node_modules ] || npm ci) && npm test); fi
+# Unit tests (vitest), then the browser tests: Debian's Chromium driven by playwright-core against
+# real backends serving a tiny model (.ci/run installs Chromium when it is missing).
+frontend-test: $(VENV)/.test-deps
+	cd frontend && npm ci --no-audit --no-fund && npm test && PYTHON=$(PY) npm run test:browser
 
 # pytest exits non-zero when a test fails and 5 when it collected none: both fail the target.
 test: test-deps

@@ -29,7 +29,6 @@ export interface LocalModel {
 export interface SwitchModelBody {
   model: string;
   strategy: string;
-  customCuda?: boolean;
 }
 
 export interface SamplingDefaults {

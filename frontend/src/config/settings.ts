@@ -13,7 +13,6 @@ export interface Settings {
   device: Device;
   workers: number;
   batch: number;
-  customCuda: boolean;
   serverDefaults: Sampling;
   chatSampling: Sampling;
   completionSampling: Sampling;
@@ -39,7 +38,6 @@ export function defaultSettings(browserLanguage: string): Settings {
     device: "albatross",
     workers: WORKERS_RANGE.default,
     batch: BATCH_RANGE.default,
-    customCuda: false,
     serverDefaults: { ...RUNNER_SAMPLING },
     chatSampling: { ...RUNNER_SAMPLING },
     completionSampling: { ...RUNNER_SAMPLING, max_tokens: 100 },
@@ -71,7 +69,6 @@ export function loadSettings(store: KeyValueStore, browserLanguage: string): Set
     device: oneOf(stored.device, DEVICES, defaults.device),
     workers: integerIn(stored.workers, WORKERS_RANGE, defaults.workers),
     batch: integerIn(stored.batch, BATCH_RANGE, defaults.batch),
-    customCuda: typeof stored.customCuda === "boolean" ? stored.customCuda : defaults.customCuda,
     serverDefaults: samplingFrom(stored.serverDefaults, defaults.serverDefaults),
     chatSampling: samplingFrom(stored.chatSampling, defaults.chatSampling),
     completionSampling: samplingFrom(stored.completionSampling, defaults.completionSampling),

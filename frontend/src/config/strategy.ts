@@ -40,11 +40,6 @@ export function usesWorkersAndBatch(device: Device): boolean {
   return device === "albatross";
 }
 
-/** Whether the classic backend's custom CUDA kernel switch applies. */
-export function usesCustomCuda(device: Device): boolean {
-  return device === "cuda";
-}
-
 /** Reads an integer typed by a person; anything else (empty, "3.5", "1e3", "abc") is NaN. */
 export function parseWholeNumber(text: string): number {
   const trimmed = text.trim();

@@ -2,7 +2,6 @@ import { useCallback, useEffect, useState } from "react";
 import {
   Button,
   Card,
-  Checkbox,
   Field,
   Input,
   MessageBar,
@@ -24,7 +23,6 @@ import {
   buildStrategy,
   DEVICES,
   parseWholeNumber,
-  usesCustomCuda,
   usesWorkersAndBatch,
   WORKERS_RANGE,
   type Device,
@@ -88,11 +86,7 @@ export function ConfigsPage({
       setLoadNotice({ intent: "error", title: t("configsLoadFailed"), text: t("configsChooseModel") });
       return;
     }
-    await runSwitch({
-      model: settings.modelPath,
-      strategy: strategy.strategy,
-      ...(usesCustomCuda(settings.device) ? { customCuda: settings.customCuda } : {}),
-    });
+    await runSwitch({ model: settings.modelPath, strategy: strategy.strategy });
   };
 
   const runSwitch = async (body: Parameters<typeof switchModel>[1]) => {
@@ -194,14 +188,6 @@ export function ConfigsPage({
               }}
             />
           </div>
-        )}
-        {usesCustomCuda(settings.device) && (
-          <Checkbox
-            label={t("configsCustomCuda")}
-            checked={settings.customCuda}
-            onChange={(_, data) => update({ customCuda: data.checked === true })}
-            data-testid="custom-cuda"
-          />
         )}
         <Text data-testid="strategy-line">
           {t("configsCurrentStrategy")}:{" "}

@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { buildStrategy, parseWholeNumber, usesCustomCuda, usesWorkersAndBatch } from "../../src/config/strategy";
+import { buildStrategy, parseWholeNumber, usesWorkersAndBatch } from "../../src/config/strategy";
 
 describe("buildStrategy", () => {
   it("maps CPU to the classic backend's `cpu fp32`", () => {
@@ -47,10 +47,6 @@ describe("which settings apply", () => {
       false,
       true,
     ]);
-  });
-
-  it("shows the custom CUDA kernel switch only for classic CUDA", () => {
-    expect([usesCustomCuda("cpu"), usesCustomCuda("cuda"), usesCustomCuda("albatross")]).toEqual([false, true, false]);
   });
 });
 
