@@ -4,7 +4,6 @@ model core driven one slot at a time."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,8 @@ import torch
 from albatross.model import RWKV7
 from albatross.sampler import PenaltyPool, SamplingBatch, sample, seed_to_seed32
 from albatross_engine.adapter import AlbatrossRWKV
-from runner.interface import GenerationEvent, GenerationRequest, SamplingParams
+from engine_helpers import collect, token_ids
+from runner.interface import GenerationRequest, SamplingParams
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, frequency_penalty=0.5, presence_penalty=0.3, stop_token_ids=())
 
@@ -72,18 +72,6 @@ def random_request(rng: random.Random) -> GenerationRequest:
     return GenerationRequest(prompt_tokens=prompt, sampling=params)
 
 
-def collect(backend: AlbatrossRWKV, requests: list[GenerationRequest]) -> list[list[GenerationEvent]]:
-    async def one(request: GenerationRequest) -> list[GenerationEvent]:
-        return [event async for event in backend.async_generate(request)]
-
-    async def run() -> list[list[GenerationEvent]]:
-        return list(await asyncio.gather(*(one(r) for r in requests)))
-
-    return asyncio.run(run())
-
-
-def token_ids(events: list[GenerationEvent]) -> list[int]:
-    return [t for e in events for t in e.token_ids]
 
 
 def test_greedy_output_is_the_same_alone_in_a_batch_in_any_order_and_equals_the_model_core(

@@ -3,7 +3,6 @@ model core computes one slot at a time on the same GPU. Skipped without CUDA."""
 
 from __future__ import annotations
 
-import asyncio
 import random
 from collections.abc import Iterator
 
@@ -15,7 +14,8 @@ from albatross.model import RWKV7
 from albatross.random_checkpoint import CheckpointShape, random_state_dict
 from albatross.sampler import PenaltyPool, SamplingBatch, sample, seed_to_seed32
 from albatross_engine.adapter import AlbatrossRWKV
-from runner.interface import GenerationEvent, GenerationRequest, SamplingParams
+from engine_helpers import collect, token_ids
+from runner.interface import GenerationRequest, SamplingParams
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
@@ -56,18 +56,6 @@ def reference_tokens(model: RWKV7, prompt: list[int], params: SamplingParams, se
     return out
 
 
-def collect(backend: AlbatrossRWKV, requests: list[GenerationRequest]) -> list[list[GenerationEvent]]:
-    async def one(request: GenerationRequest) -> list[GenerationEvent]:
-        return [event async for event in backend.async_generate(request)]
-
-    async def run() -> list[list[GenerationEvent]]:
-        return list(await asyncio.gather(*(one(r) for r in requests)))
-
-    return asyncio.run(run())
-
-
-def token_ids(events: list[GenerationEvent]) -> list[int]:
-    return [token for event in events for token in event.token_ids]
 
 
 def test_greedy_request_in_a_crowded_gpu_batch_equals_the_model_core_alone(engine: AlbatrossRWKV, reference_model: RWKV7) -> None:

@@ -21,7 +21,7 @@ from fastapi.testclient import TestClient
 
 from albatross_engine.state_cache import StateCache
 from runner.interface import AbstractRWKV, BackendError, GenerationEvent, GenerationRequest
-from runner_fakes import install_backend, make_app, settings_with, sse_payloads
+from runner_fakes import make_app, settings_with, sse_payloads
 
 ALPHABET = "abcdefghijklmnopqrstuvwxyz ,."
 
