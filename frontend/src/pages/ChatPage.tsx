@@ -10,10 +10,9 @@ import {
   Title3,
   tokens,
 } from "@fluentui/react-components";
-import type { ApiClient } from "../api/client";
 import { isAbortError } from "../api/errors";
 import { streamChat, type ChatMessage, type StreamOutcome } from "../api/streams";
-import type { Settings } from "../config/settings";
+import type { PageProps } from "./pageProps";
 import { useT } from "../i18n/I18nContext";
 import { SamplingForm } from "../components/SamplingForm";
 import { UsageLine } from "../components/UsageLine";
@@ -27,11 +26,7 @@ export function ChatPage({
   client,
   settings,
   update,
-}: {
-  client: ApiClient;
-  settings: Settings;
-  update: (patch: Partial<Settings>) => void;
-}) {
+}: PageProps) {
   const t = useT();
   const [messages, setMessages] = useState<ShownMessage[]>([]);
   const [draft, setDraft] = useState("");

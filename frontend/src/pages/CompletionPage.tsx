@@ -10,11 +10,10 @@ import {
   Textarea,
   Title3,
 } from "@fluentui/react-components";
-import type { ApiClient } from "../api/client";
 import { isAbortError } from "../api/errors";
 import { streamBatch, streamCompletion, type StreamOutcome } from "../api/streams";
 import { batchReducer, deltasFromChunk, initialBatchState, MAX_BATCH_COUNT, type BatchDelta } from "../batch/batchState";
-import type { Settings } from "../config/settings";
+import type { PageProps } from "./pageProps";
 import { parseWholeNumber } from "../config/strategy";
 import { useT } from "../i18n/I18nContext";
 import { BatchStrip } from "../components/BatchStrip";
@@ -29,11 +28,7 @@ export function CompletionPage({
   client,
   settings,
   update,
-}: {
-  client: ApiClient;
-  settings: Settings;
-  update: (patch: Partial<Settings>) => void;
-}) {
+}: PageProps) {
   const t = useT();
   const errorText = useErrorText();
   const [generating, setGenerating] = useState(false);

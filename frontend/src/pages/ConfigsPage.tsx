@@ -13,11 +13,10 @@ import {
   Title3,
 } from "@fluentui/react-components";
 import { getLocalModels, switchModel, updateConfig, type LocalModel } from "../api/backend";
-import type { ApiClient } from "../api/client";
 import { ApiError } from "../api/errors";
 import { useErrorText } from "../components/useErrorText";
 import { statusView } from "../api/statusView";
-import type { Settings } from "../config/settings";
+import type { PageProps } from "./pageProps";
 import {
   BATCH_RANGE,
   buildStrategy,
@@ -42,12 +41,7 @@ export function ConfigsPage({
   settings,
   update,
   server,
-}: {
-  client: ApiClient;
-  settings: Settings;
-  update: (patch: Partial<Settings>) => void;
-  server: ServerStatusState;
-}) {
+}: PageProps & { server: ServerStatusState }) {
   const t = useT();
   const errorText = useErrorText();
   const [models, setModels] = useState<LocalModel[] | null>(null);

@@ -1,0 +1,9 @@
+import type { ApiClient } from "../api/client";
+import type { Settings } from "../config/settings";
+
+/** What every page receives from the app shell: the API client and the persisted settings. */
+export interface PageProps {
+  client: ApiClient;
+  settings: Settings;
+  update: (patch: Partial<Settings>) => void;
+}
