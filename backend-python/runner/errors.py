@@ -47,6 +47,13 @@ class ApiError(Exception):
         self.param = param
 
 
+class ClientGone(ApiError):
+    """The client disconnected before the reply was ready (499, which nobody reads)."""
+
+    def __init__(self) -> None:
+        super().__init__(499, "the client closed the request before the reply was ready")
+
+
 def error_payload(status_code: int, message: str, param: str | None = None, request_id: str | None = None) -> dict[str, Any]:
     error: dict[str, Any] = {"message": message, "type": ERROR_TYPES.get(status_code, "error"), "code": status_code}
     if param is not None:

@@ -13,14 +13,14 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import anyio
 from starlette.requests import Request
 
-from runner.errors import ApiError, internal_error
+from runner.errors import ApiError, ClientGone, internal_error
 from runner.interface import AbstractRWKV, BackendError, GenerationEvent, GenerationRequest, TokenLogprob
 from runner.metrics import ServerMetrics
 from runner.model_manager import ModelManager
@@ -60,10 +60,6 @@ class ChoiceOutcome:
         return "".join(self.parts)
 
 
-class ClientGone(Exception):
-    """The client disconnected before the reply was complete."""
-
-
 async def close_quietly(iterator: object) -> None:
     """Close an async iterator even inside a cancelled scope (a client that left cancels the
     stream's task), so that the backend hears the abort."""
@@ -77,8 +73,11 @@ async def close_quietly(iterator: object) -> None:
             log.exception("closing a generation failed")
 
 
-async def _choice_events(manager: ModelManager, backend: AbstractRWKV, job: ChoiceJob) -> AsyncIterator[GenerationEvent]:
-    async with manager.generation_turn(backend):
+DisconnectCheck = Callable[[], Awaitable[bool]]
+
+
+async def _choice_events(manager: ModelManager, backend: AbstractRWKV, job: ChoiceJob, client_gone: DisconnectCheck) -> AsyncIterator[GenerationEvent]:
+    async with manager.generation_turn(backend, client_gone):
         iterator = backend.async_generate(job.request)
         try:
             async for event in iterator:
@@ -87,9 +86,9 @@ async def _choice_events(manager: ModelManager, backend: AbstractRWKV, job: Choi
             await close_quietly(iterator)
 
 
-async def _in_turn(manager: ModelManager, backend: AbstractRWKV, jobs: Sequence[ChoiceJob]) -> AsyncIterator[ChoiceEvent]:
+async def _in_turn(manager: ModelManager, backend: AbstractRWKV, jobs: Sequence[ChoiceJob], client_gone: DisconnectCheck) -> AsyncIterator[ChoiceEvent]:
     for job in jobs:
-        events = _choice_events(manager, backend, job)
+        events = _choice_events(manager, backend, job, client_gone)
         try:
             async for event in events:
                 yield job.index, event
@@ -97,12 +96,12 @@ async def _in_turn(manager: ModelManager, backend: AbstractRWKV, jobs: Sequence[
             await close_quietly(events)
 
 
-async def _at_once(manager: ModelManager, backend: AbstractRWKV, jobs: Sequence[ChoiceJob]) -> AsyncIterator[ChoiceEvent]:
+async def _at_once(manager: ModelManager, backend: AbstractRWKV, jobs: Sequence[ChoiceJob], client_gone: DisconnectCheck) -> AsyncIterator[ChoiceEvent]:
     queue: asyncio.Queue[tuple[int, GenerationEvent | BaseException | None]] = asyncio.Queue()
 
     async def pump(job: ChoiceJob) -> None:
         try:
-            async for event in _choice_events(manager, backend, job):
+            async for event in _choice_events(manager, backend, job, client_gone):
                 queue.put_nowait((job.index, event))
         except Exception as exc:
             queue.put_nowait((job.index, exc))
@@ -144,7 +143,7 @@ class GenerationDriver:
         self.profile = profile
         self.metrics = metrics
         run = _at_once if backend.concurrent and len(jobs) > 1 else _in_turn
-        self._events = run(manager, backend, jobs)
+        self._events = run(manager, backend, jobs, request.is_disconnected)
         self._pending: ChoiceEvent | None = None
         self._started = time.perf_counter()
         self._last_token_at: float | None = None

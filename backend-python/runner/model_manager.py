@@ -11,17 +11,18 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
 from runner.backends import BACKENDS, BackendEntry, BackendLoadError, UnknownStrategy, find_backend, load_factory
-from runner.errors import ApiError
+from runner.errors import ApiError, ClientGone
 from runner.interface import AbstractRWKV, SamplingDefaults
 from runner.settings import ServerSettings
 
 RANDOM_MODEL_PREFIX = "random:"
+TURN_DISCONNECT_POLL_S = 0.25  # how often a request waiting for the completion lock checks its client
 log = logging.getLogger("runner.model_manager")
 
 UNSUPPORTED_MODEL_SUFFIXES = (".gguf",)
@@ -137,13 +138,33 @@ class ModelManager:
         return backend
 
     @contextlib.asynccontextmanager
-    async def generation_turn(self, backend: AbstractRWKV) -> AsyncIterator[None]:
-        """Concurrent backends run at once; the others one request at a time, in arrival order."""
+    async def generation_turn(self, backend: AbstractRWKV, client_gone: Callable[[], Awaitable[bool]] | None = None) -> AsyncIterator[None]:
+        """Concurrent backends run at once; the others one request at a time, in arrival order.
+        A request waiting for its turn gives up (ClientGone) once `client_gone()` says its client left."""
         if backend.concurrent:
             yield
             return
-        async with self.completion_lock:
+        await self._wait_for_turn(client_gone)
+        try:
             yield
+        finally:
+            self.completion_lock.release()
+
+    async def _wait_for_turn(self, client_gone: Callable[[], Awaitable[bool]] | None) -> None:
+        acquiring = asyncio.ensure_future(self.completion_lock.acquire())
+        try:
+            while True:
+                done, _ = await asyncio.wait({acquiring}, timeout=TURN_DISCONNECT_POLL_S)
+                if done:
+                    return
+                if client_gone is not None and await client_gone():
+                    raise ClientGone()
+        except BaseException:
+            if acquiring.done() and not acquiring.cancelled() and acquiring.exception() is None:
+                self.completion_lock.release()  # the turn came just as we gave up: pass it on
+            else:
+                acquiring.cancel()
+            raise
 
     # ---- sampling defaults ---------------------------------------------------------------------
 

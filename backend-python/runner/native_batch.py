@@ -20,7 +20,7 @@ from starlette.requests import Request
 
 from runner.context import context
 from runner.errors import ApiError, internal_error
-from runner.generation import ChoiceJob, ChoiceOutcome, ClientGone, GenerationDriver, collect, stream_events
+from runner.generation import ChoiceJob, ChoiceOutcome, GenerationDriver, collect, stream_events
 from runner.interface import AbstractRWKV, BackendError, GenerationEvent, GenerationRequest, SamplingParams, StateRef
 from runner.sse import DONE_EVENT, error_event, event_bytes, sse_response
 
@@ -182,7 +182,7 @@ async def run_native(
             body = _native_stream(driver, NativeStreamFormatter(len(jobs), spec.chunk_size), after_success, stream_trailer, finish_guard)
             weakref.finalize(body, finish_guard)  # a stream whose body never ran still releases
             return sse_response(body)
-        outcomes = await _collect(driver, jobs)
+        outcomes = await collect(driver, jobs)
         reply = batch_reply(spec.response_id, spec.model, outcomes, spec.obj)
         if after_success is not None and all(o.finish_reason in ("stop", "length") for o in outcomes):
             reply.update(await after_success() or {})
@@ -202,7 +202,7 @@ async def collect_native(request: Request, spec: NativeSpec) -> list[ChoiceOutco
     ctx = context(request)
     try:
         driver, jobs = await _prepare(request, spec)
-        return await _collect(driver, jobs)
+        return await collect(driver, jobs)
     except (ApiError, BackendError) as error:
         ctx.metrics.count_error(error.status_code)
         raise
@@ -219,13 +219,6 @@ async def _prepare(request: Request, spec: NativeSpec) -> tuple[GenerationDriver
     encoded = await encode_prompts(backend, spec.prompts, ctx.settings.max_prompt_tokens, spec.field_name)
     jobs = build_jobs(encoded, spec.sampling, spec.response_id, spec.state, spec.field_name)
     return GenerationDriver(request, ctx.manager, backend, jobs, ctx.profile, ctx.metrics), jobs
-
-
-async def _collect(driver: GenerationDriver, jobs: list[ChoiceJob]) -> list[ChoiceOutcome]:
-    try:
-        return await collect(driver, jobs)
-    except ClientGone:
-        raise ApiError(499, "the client closed the request before the reply was ready") from None
 
 
 async def _native_stream(

@@ -26,7 +26,7 @@ async def embeddings(request: Request) -> dict[str, object]:
     backend = ctx.manager.require_backend()
     data: list[dict[str, object]] = []
     prompt_tokens = 0
-    async with ctx.manager.generation_turn(backend):
+    async with ctx.manager.generation_turn(backend, request.is_disconnected):
         for index, text in enumerate(inputs):
             try:
                 vector = await asyncio.to_thread(backend.get_embedding, text)

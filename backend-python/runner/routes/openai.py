@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 
 from runner.context import AppContext, context
 from runner.errors import ApiError
-from runner.generation import ChoiceJob, ClientGone, GenerationDriver, collect, stream_events
+from runner.generation import ChoiceJob, GenerationDriver, collect, stream_events
 from runner.interface import END_OF_TEXT_TOKEN, AbstractRWKV, BackendError, GenerationRequest, SamplingParams, StateRef
 from runner.openai_format import OpenAIStreamFormatter, choice_payload, usage_payload
 from runner.prompts import DEFAULT_CHAT_STOPS, chat_prompt, stop_list
@@ -180,10 +180,7 @@ async def _run_completion(
         formatter = OpenAIStreamFormatter(kind, response_id, created, model, [job.index for job in jobs], body.n, include_usage)
         return sse_response(stream_events(driver, formatter))
 
-    try:
-        outcomes = await collect(driver, jobs)
-    except ClientGone:
-        raise ApiError(499, "the client closed the request before the reply was ready") from None
+    outcomes = await collect(driver, jobs)  # a client that left: ClientGone, a 499
     return JSONResponse(
         {
             "id": response_id,
