@@ -53,6 +53,13 @@ class LevelSummary:
     inter_token_ms: dict[str, float]
 
 
+ROUTE_PATHS = {
+    "chat": "/v1/chat/completions",
+    "completions": "/v1/completions",
+    "openai-native": "/openai/v1/chat/completions",
+}
+
+
 def percentiles(values: list[float]) -> dict[str, float]:
     if not values:
         return {"p50": 0.0, "p90": 0.0, "p99": 0.0}
@@ -73,8 +80,10 @@ def make_body(args: argparse.Namespace, rng: random.Random) -> dict[str, object]
         "stop_token_ids": [],  # stops off: every request generates exactly max_tokens
         "seed": rng.randrange(2**31),
     }
-    if args.route == "chat":
+    if args.route in ("chat", "openai-native"):
         body["messages"] = [{"role": "user", "content": text}]
+    if args.route == "openai-native":
+        body["use_prefix_cache"] = args.prefix_cache == "on"
     else:
         body["prompt"] = text
     return body
@@ -131,7 +140,7 @@ async def run_lanes(args: argparse.Namespace, bodies: list[dict[str, object]], l
     """`lanes` streams at a time over `bodies`, in this process. Returns the results and the
     wall-clock start and end (time.time(), comparable across processes)."""
     headers = {"Authorization": f"Bearer {args.password}"} if args.password else {}
-    path = "/v1/chat/completions" if args.route == "chat" else "/v1/completions"
+    path = ROUTE_PATHS[args.route]
     limits = httpx.Limits(max_connections=lanes + 8, max_keepalive_connections=lanes + 8)
     timeout = httpx.Timeout(args.timeout, connect=30.0)
     queue: asyncio.Queue[dict[str, object]] = asyncio.Queue()
@@ -193,7 +202,9 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--password")
-    parser.add_argument("--route", choices=("chat", "completions"), default="chat")
+    parser.add_argument("--route", choices=sorted(ROUTE_PATHS), default="chat",
+                        help="openai-native: /openai/v1/chat/completions, whose prefix cache --prefix-cache can turn off")
+    parser.add_argument("--prefix-cache", choices=("on", "off"), default="on", help="with --route openai-native")
     parser.add_argument("--concurrency", default="1,16,64,256,960", help="comma-separated levels")
     parser.add_argument("--requests", type=int, default=0, help="requests per level (default: the level)")
     parser.add_argument("--max-tokens", type=int, default=256)

@@ -31,6 +31,11 @@ if [ "${HTTP:-1}" = 1 ]; then
   done
   timeout 300 python3 bench/albatross_api_benchmark.py --url http://127.0.0.1:8123 --concurrency "${LEVELS:-1,64,960}" \
       --max-tokens 256 --prompt-words 200 --client-procs 8 --json "$OUT/api.json" 2>&1 | tee "$OUT/api.txt" | tail -15
+  if [ "${NOCACHE:-1}" = 1 ]; then  # the same load without the per-request prefix-cache saves
+    timeout 300 python3 bench/albatross_api_benchmark.py --url http://127.0.0.1:8123 --concurrency "${LEVELS:-1,64,960}" \
+        --max-tokens 256 --prompt-words 200 --client-procs 8 --route openai-native --prefix-cache off \
+        --json "$OUT/api_nocache.json" 2>&1 | tee "$OUT/api_nocache.txt" | tail -6
+  fi
   kill "$server"; wait "$server" 2>/dev/null
   tail -5 "$OUT/server.log"
 fi
