@@ -90,6 +90,15 @@ class DeviceStep:
         self.penalties.penalties.index_fill_(0, index, 0.0)
         self.penalties.seen.index_fill_(0, index, False)
 
+    def copy_slot(self, source: int, targets: list[int]) -> None:
+        """Targets continue from the source's state (ordered after the issued steps, no host sync)."""
+        for slot in (source, *targets):
+            self.pool.check_slot(slot)
+        index = torch.tensor(targets, dtype=torch.int64).to(self.device, non_blocking=True)
+        for tensor in (self.pool.att_shift, self.pool.ffn_shift, self.pool.wkv):
+            source_state = tensor[:, source : source + 1]
+            tensor.index_copy_(1, index, source_state.expand(-1, len(targets), *source_state.shape[2:]).contiguous())
+
     def write_state(self, slot: int, state: SlotState) -> None:
         # To the device first without blocking, so a host-side state does not wait for the step in flight.
         self.pool.write(slot, state.to(self.device, non_blocking=True))

@@ -28,6 +28,7 @@ class MetricsSnapshot:
     prefix_cache_hits: int = 0
     prefix_cache_misses: int = 0
     cached_prompt_tokens_total: int = 0
+    shared_prompt_tokens_total: int = 0  # prompt tokens followers took from their leader's prefill
     state_saves: int = 0
     peak_device_memory_bytes: int = 0
 
@@ -71,6 +72,10 @@ class WorkerMetrics:
             counts = self._data.requests_finished
             counts[reason] = counts.get(reason, 0) + 1
 
+    def record_shared_prefill(self, tokens: int) -> None:
+        with self._lock:
+            self._data.shared_prompt_tokens_total += tokens
+
     def record_prefix_lookup(self, cached_tokens: int) -> None:
         with self._lock:
             if cached_tokens:
@@ -112,6 +117,7 @@ def merge_snapshots(snapshots: list[MetricsSnapshot]) -> MetricsSnapshot:
         merged.prefix_cache_hits += s.prefix_cache_hits
         merged.prefix_cache_misses += s.prefix_cache_misses
         merged.cached_prompt_tokens_total += s.cached_prompt_tokens_total
+        merged.shared_prompt_tokens_total += s.shared_prompt_tokens_total
         merged.state_saves += s.state_saves
         merged.peak_device_memory_bytes += s.peak_device_memory_bytes
     return merged

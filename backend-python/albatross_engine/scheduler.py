@@ -9,6 +9,9 @@ Policy (one screen):
   and `prefill_budget` tokens per step in all. A task using the prefix cache has its chunks cut at
   multiples of `prefix_boundary` so the state can be saved there.
 - A row samples when it is a decode row or the chunk that ends its prompt (unless max_tokens is 0).
+- Tasks admitted together with the same prompt from a zero state (the `n` samples of a request)
+  prefill it once: the first one's chunks stop before the last prompt token, the worker copies
+  its state into the others, and each then feeds the last token itself.
 
 `plan()` records what it issues on the tasks (prompt_pos, sampled, fed, last_sample_row): the
 worker issues every plan it gets, so these counters describe the steps sent to the device.
@@ -41,6 +44,7 @@ class Row:
     input_row: int = -1  # DECODE/FEED: the row of the previous step's sampled ids to feed
     sample_row: int = -1  # index into this step's sampled ids; -1: not sampled
     prefix_checkpoint: bool = False  # save the slot state after this row under the prompt's prefix key
+    starts_followers: bool = False  # after this row, the task's followers start from a copy of its state
 
     @property
     def token_count(self) -> int:
@@ -60,6 +64,11 @@ class StepPlan:
 
     def __bool__(self) -> bool:
         return bool(self.rows)
+
+
+def _can_lead(task: EngineTask) -> bool:
+    """Still feeding its prompt from a zero state, short of the last token."""
+    return not task.finished and task.load_key is None and task.prompt_pos < task.prompt_len - 1
 
 
 class Scheduler:
@@ -104,6 +113,33 @@ class Scheduler:
             admitted.append(task)
         return admitted
 
+    def share_prefills(self, admitted: list[EngineTask]) -> None:
+        """Newly admitted tasks that start a prompt from a zero state follow a task feeding the same
+        prompt that has not yet reached its last token (one already running, or the first of them).
+        Call after the admitted tasks' starting states are set."""
+        leaders: dict[tuple[int, ...], EngineTask] = {}
+        newcomers = {task.task_id for task in admitted}
+        for task in self.running.values():
+            if task.task_id not in newcomers and task.leader is None and _can_lead(task):
+                leaders.setdefault(tuple(task.prompt_tokens), task)
+        for task in admitted:
+            if task.finished or task.load_key is not None or task.prompt_pos != 0 or task.prompt_len < 2:
+                continue
+            leader = leaders.setdefault(tuple(task.prompt_tokens), task)
+            if leader is not task:
+                task.leader = leader
+                leader.followers.append(task)
+
+    @staticmethod
+    def start_followers(leader: EngineTask) -> list[EngineTask]:
+        """The leader has fed all but its last prompt token: its followers continue from there."""
+        followers = [task for task in leader.followers if not task.finished]
+        for task in followers:
+            task.leader = None
+            task.prompt_pos = leader.prompt_pos
+        leader.followers.clear()
+        return followers
+
     def remove_waiting(self, task: EngineTask) -> bool:
         try:
             self.waiting.remove(task)
@@ -116,6 +152,12 @@ class Scheduler:
         if self.running.pop(task.task_id, None) is None:
             raise ValueError(f"task {task.task_id} holds no slot")
         heapq.heappush(self._free_slots, task.slot)
+        for follower in task.followers:  # a leader that ends early: its followers prefill themselves
+            follower.leader = None
+        task.followers.clear()
+        if task.leader is not None:
+            task.leader.followers.remove(task)
+            task.leader = None
 
     def plan(self) -> StepPlan:
         plan = StepPlan(rows=[])
@@ -126,7 +168,7 @@ class Scheduler:
         for task in self.running.values():
             if budget == 0:
                 break
-            if task.prefilling and not task.finished:
+            if task.prefilling and not task.finished and task.leader is None:
                 budget -= self._plan_prefill_chunk(task, budget, plan)
         return plan
 
@@ -158,8 +200,12 @@ class Scheduler:
         if task.use_prefix_cache:
             next_boundary = (start // boundary + 1) * boundary
             count = min(count, next_boundary - start)
+        shared_until = task.prompt_len - 1 if task.followers else task.prompt_len
+        if start < shared_until:
+            count = min(count, shared_until - start)
         stop = start + count
         row = Row(task=task, slot=task.slot, kind=RowKind.PREFILL, start=start, stop=stop)
+        row.starts_followers = bool(task.followers) and stop == shared_until
         row.prefix_checkpoint = task.use_prefix_cache and (stop % boundary == 0 or stop == task.prompt_len)
         task.prompt_pos = stop
         if stop == task.prompt_len and task.wants_sample():

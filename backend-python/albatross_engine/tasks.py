@@ -145,6 +145,10 @@ class EngineTask:
     last_sample_row: int = -1  # row of this task's newest sample in the last issued step's ids
     seed32: int = 0
     prefix_hasher: PrefixHasher | None = None  # keys of the prompt's prefix checkpoints
+    # n samples of one prompt share its prefill: a follower waits while its leader feeds all but the
+    # last prompt token, then starts from a copy of the leader's state.
+    leader: EngineTask | None = None
+    followers: list[EngineTask] = field(default_factory=list)
 
     # Host side: what has been processed and sent to the caller.
     completion_tokens: int = 0

@@ -168,6 +168,7 @@ class Worker:
         admitted = self._scheduler.admit()
         if admitted:
             self._admit(admitted)
+            self._scheduler.share_prefills(admitted)
         plan = self._scheduler.plan()
         issued = None
         if plan:
@@ -240,11 +241,26 @@ class Worker:
         assert self.device_step is not None
         issued = self.device_step.issue(plan)
         for row in plan.rows:  # states that only needed this step's forward to be issued
+            if row.starts_followers:
+                self._start_followers(row.task)
             if row.prefix_checkpoint:
                 self._save_prefix(row)
             if row.kind is RowKind.FEED and row.task.finished:
                 self._save_final(row.task)
         return issued
+
+    def _start_followers(self, leader: EngineTask) -> None:
+        assert self.device_step is not None
+        followers = self._scheduler.start_followers(leader)
+        if not followers:
+            return
+        try:
+            self.device_step.copy_slot(leader.slot, [task.slot for task in followers])
+            self.metrics.record_shared_prefill(leader.prompt_pos * len(followers))
+        except Exception as error:
+            logger.exception("albatross worker %d: sharing a prefill failed", self.index)
+            for task in followers:
+                self._fail(task, error)
 
     # ---------------------------------------------------------------------------- host work
 

@@ -128,3 +128,57 @@ def test_released_slots_are_reused_and_none_leak() -> None:
         for task in tasks:
             scheduler.release(task)
     assert scheduler.free_slot_count == 3 and not scheduler.running
+
+
+def test_samples_of_one_prompt_prefill_it_once_then_each_feeds_the_last_token() -> None:
+    scheduler = Scheduler(batch_size=4, prefill_chunk=64)
+    leader, follower, other = make_task(10), make_task(10), make_task(7)
+    for task in (leader, follower, other):
+        scheduler.add(task)
+    admitted = scheduler.admit()
+    scheduler.share_prefills(admitted)
+    assert follower.leader is leader and leader.followers == [follower] and other.leader is None
+    first = scheduler.plan()
+    rows = {row.task.task_id: row for row in first.rows}
+    assert follower.task_id not in rows, "a follower feeds nothing while its leader prefills"
+    lead_row = rows[leader.task_id]
+    assert (lead_row.start, lead_row.stop, lead_row.samples, lead_row.starts_followers) == (0, 9, False, True)
+    assert scheduler.start_followers(leader) == [follower]
+    assert follower.prompt_pos == 9 and follower.leader is None and leader.followers == []
+    second = scheduler.plan()
+    last_tokens = {row.task.task_id: (row.start, row.stop, row.samples) for row in second.rows}
+    assert last_tokens[leader.task_id] == (9, 10, True) and last_tokens[follower.task_id] == (9, 10, True)
+
+
+def test_followers_of_a_leader_that_ends_early_prefill_themselves() -> None:
+    scheduler = Scheduler(batch_size=3)
+    leader, follower = make_task(6), make_task(6)
+    for task in (leader, follower):
+        scheduler.add(task)
+    scheduler.share_prefills(scheduler.admit())
+    leader.finish_reason = "abort"
+    scheduler.release(leader)
+    assert follower.leader is None
+    rows = scheduler.plan().rows
+    assert [(row.task, row.start, row.stop) for row in rows] == [(follower, 0, 6)]
+
+
+def test_a_late_sample_follows_a_running_leader_only_while_it_is_short_of_its_last_token() -> None:
+    scheduler = Scheduler(batch_size=3, prefill_chunk=4)
+    leader = make_task(10)
+    scheduler.add(leader)
+    scheduler.share_prefills(scheduler.admit())
+    scheduler.plan()  # the leader feeds [0, 4)
+    joiner = make_task(10)
+    scheduler.add(joiner)
+    scheduler.share_prefills(scheduler.admit())
+    assert joiner.leader is leader, "the leader is still short of its last token"
+    chunk = next(row for row in scheduler.plan().rows if row.task is leader)
+    assert (chunk.start, chunk.stop, chunk.starts_followers) == (4, 8, False)
+    chunk = next(row for row in scheduler.plan().rows if row.task is leader)
+    assert (chunk.start, chunk.stop, chunk.starts_followers) == (8, 9, True)
+    scheduler.start_followers(leader)
+    late = make_task(10)
+    scheduler.add(late)
+    scheduler.share_prefills(scheduler.admit())
+    assert late.leader is None, "a leader at its last token takes no more followers"

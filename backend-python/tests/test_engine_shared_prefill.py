@@ -1,0 +1,50 @@
+"""`n` samples of one prompt share its prefill: identical outputs to separate runs, with the prompt
+fed once (plus each follower's last token). What happens to followers whose leader ends early is
+specified in test_scheduler.py."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from albatross_engine.adapter import AlbatrossRWKV
+from engine_helpers import collect, token_ids
+from runner.interface import GenerationRequest, SamplingParams
+
+PROMPT = [(17 * i) % 65000 + 1 for i in range(40)]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_checkpoint: Path) -> Iterator[AlbatrossRWKV]:
+    backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=8, prefill_chunk=16, device="cpu")
+    yield backend
+    backend.shutdown()
+
+
+def sampled(seed: int) -> SamplingParams:
+    return SamplingParams(max_tokens=8, temperature=1.0, top_p=0.9, seed=seed, stop_token_ids=())
+
+
+def test_seeded_samples_of_one_prompt_equal_separate_runs_and_share_its_prefill(engine: AlbatrossRWKV) -> None:
+    seeds = [11, 12, 13, 14]
+    alone = [token_ids(collect(engine, [GenerationRequest(list(PROMPT), sampled(seed))])[0]) for seed in seeds]
+    # The samples reach the worker thread one by one; any that arrive while the prompt's first
+    # request is still short of its last token follow it. A long blocker keeps the worker busy so
+    # that they usually arrive together; the attempts only bound that race.
+    blocker = GenerationRequest([(7 * i) % 65000 + 1 for i in range(600)], SamplingParams(max_tokens=1, stop_token_ids=()))
+    shared = 0
+    for _ in range(5):
+        before = shared_tokens(engine)
+        results = collect(engine, [blocker] + [GenerationRequest(list(PROMPT), sampled(seed)) for seed in seeds])
+        together = [token_ids(events) for events in results[1:]]
+        assert together == alone, "sharing the prefill must not change any sample"
+        shared = shared_tokens(engine) - before
+        if shared:
+            break
+    assert shared == (len(PROMPT) - 1) * (len(seeds) - 1), f"followers took {shared} prompt tokens from their leader"
+
+
+def shared_tokens(engine: AlbatrossRWKV) -> int:
+    return int(engine.status()["shared_prompt_tokens_total"])
