@@ -331,7 +331,7 @@ def missing_build_tools(cuda_home: str | None, ninja_available: bool, torch_cuda
     missing: list[str] = []
     if torch_cuda is None:
         missing.append(
-            f"a CUDA build of torch (this is {torch.__version__}, a CPU-only build; install a +cuXXX wheel)"
+            f"a CUDA build of torch (this is {torch.__version__}, a CPU-only build; install a CUDA build such as +cu130)"
         )
     if cuda_home is None or not (Path(cuda_home) / "bin" / "nvcc").exists():
         missing.append("nvcc (the CUDA toolkit; set CUDA_HOME or put nvcc on PATH)")

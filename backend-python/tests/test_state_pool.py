@@ -134,7 +134,7 @@ def test_bytes_round_trip_keeps_dtypes_shapes_and_values(model: RWKV7, wkv_dtype
 def test_from_bytes_refuses_corrupt_data(model: RWKV7) -> None:
     data = _random_slot_state(model, seed=11).to_bytes()
     with pytest.raises(ValueError, match="bad magic"):
-        SlotState.from_bytes(b"XXXX" + data[4:])
+        SlotState.from_bytes(b"JUNK" + data[4:])
     with pytest.raises(ValueError, match="truncated"):
         SlotState.from_bytes(data[:-10])
     with pytest.raises(ValueError, match="trailing"):
