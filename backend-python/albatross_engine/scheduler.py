@@ -117,14 +117,20 @@ class Scheduler:
         """Newly admitted tasks that start a prompt from a zero state follow a task feeding the same
         prompt that has not yet reached its last token (one already running, or the first of them).
         Call after the admitted tasks' starting states are set."""
-        leaders: dict[tuple[int, ...], EngineTask] = {}
+        candidates = [
+            task for task in admitted
+            if not task.finished and task.load_key is None and task.prompt_pos == 0 and task.prompt_len >= 2
+        ]
+        if not candidates:
+            return
+        # Runs every admission round: only prompts of a newcomer's length are worth hashing.
+        lengths = {task.prompt_len for task in candidates}
         newcomers = {task.task_id for task in admitted}
+        leaders: dict[tuple[int, ...], EngineTask] = {}
         for task in self.running.values():
-            if task.task_id not in newcomers and task.leader is None and _can_lead(task):
+            if task.prompt_len in lengths and task.task_id not in newcomers and task.leader is None and _can_lead(task):
                 leaders.setdefault(tuple(task.prompt_tokens), task)
-        for task in admitted:
-            if task.finished or task.load_key is not None or task.prompt_pos != 0 or task.prompt_len < 2:
-                continue
+        for task in candidates:
             leader = leaders.setdefault(tuple(task.prompt_tokens), task)
             if leader is not task:
                 task.leader = leader
