@@ -20,6 +20,7 @@ import asyncio
 import json
 import multiprocessing
 import random
+import threading
 import time
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -51,6 +52,59 @@ class LevelSummary:
     tokens_per_s: float
     ttft_ms: dict[str, float]
     inter_token_ms: dict[str, float]
+    timeline: list[dict[str, float]] = field(default_factory=list)
+
+
+TIMELINE_KEYS = ("active_slots", "queue_depth", "steps", "step_time_ms", "decode_tokens_total", "prefill_tokens_total",
+                 "generated_tokens_total", "state_saves")  # fmt: skip
+
+
+class StatusPoller:
+    """Samples the server's engine counters (GET /status, "effective") while a level runs, so a slow
+    ramp can be told apart from slow steps: the same timeline engine_benchmark.py prints."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self._args = args
+        self._stop = threading.Event()
+        self.points: list[dict[str, float]] = []
+        self._thread = threading.Thread(target=self._run, name="status-poller", daemon=True)
+
+    def __enter__(self) -> StatusPoller:
+        self._started = time.time()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        headers = {"Authorization": f"Bearer {self._args.password}"} if self._args.password else {}
+        with httpx.Client(base_url=self._args.url, timeout=5.0, headers=headers) as client:
+            while True:
+                try:
+                    effective = client.get("/status").json().get("effective", {})
+                    point = {"t": round(time.time() - self._started, 3)}
+                    point.update({k: float(effective[k]) for k in TIMELINE_KEYS if isinstance(effective.get(k), (int, float))})
+                    self.points.append(point)
+                except (httpx.HTTPError, ValueError):
+                    pass  # a busy server answers late or not at all; the gap shows in the timeline
+                if self._stop.wait(self._args.poll_interval):
+                    return
+
+
+def print_timeline(points: list[dict[str, float]], every_s: float) -> None:
+    print(f"{'t s':>7}{'active':>8}{'queue':>7}{'steps/s':>9}{'gen tok/s':>11}{'prefill tok/s':>15}{'step ms':>9}")
+    last = None
+    for point in points:
+        if last is not None and point["t"] - last["t"] < every_s:
+            continue
+        if last is not None:
+            dt = point["t"] - last["t"]
+            rates = [(point.get(k, 0.0) - last.get(k, 0.0)) / dt for k in ("steps", "generated_tokens_total", "prefill_tokens_total")]
+            print(f"{point['t']:>7.1f}{point.get('active_slots', 0):>8.0f}{point.get('queue_depth', 0):>7.0f}"
+                  f"{rates[0]:>9.1f}{rates[1]:>11.0f}{rates[2]:>15.0f}{point.get('step_time_ms', 0):>9.1f}")  # fmt: skip
+        last = point
 
 
 ROUTE_PATHS = {
@@ -171,15 +225,16 @@ def run_level(args: argparse.Namespace, concurrency: int) -> LevelSummary:
     rng = random.Random(args.seed + concurrency)
     bodies = [make_body(args, rng) for _ in range(total)]
     procs = max(1, min(args.client_procs, concurrency))
-    if procs == 1:
-        results, started, ended = asyncio.run(run_lanes(args, bodies, concurrency))
-    else:
-        shares = [bodies[i::procs] for i in range(procs)]
-        lanes = [concurrency // procs + (1 if i < concurrency % procs else 0) for i in range(procs)]
-        with ProcessPoolExecutor(max_workers=procs, mp_context=multiprocessing.get_context("spawn")) as pool:
-            parts = list(pool.map(_client_process, [args] * procs, shares, lanes))
-        results = [r for part in parts for r in part[0]]
-        started, ended = min(p[1] for p in parts), max(p[2] for p in parts)
+    with StatusPoller(args) as poller:
+        if procs == 1:
+            results, started, ended = asyncio.run(run_lanes(args, bodies, concurrency))
+        else:
+            shares = [bodies[i::procs] for i in range(procs)]
+            lanes = [concurrency // procs + (1 if i < concurrency % procs else 0) for i in range(procs)]
+            with ProcessPoolExecutor(max_workers=procs, mp_context=multiprocessing.get_context("spawn")) as pool:
+                parts = list(pool.map(_client_process, [args] * procs, shares, lanes))
+            results = [r for part in parts for r in part[0]]
+            started, ended = min(p[1] for p in parts), max(p[2] for p in parts)
     wall = ended - started
     good = [r for r in results if r.ok]
     failed = [r for r in results if not r.ok]
@@ -195,6 +250,7 @@ def run_level(args: argparse.Namespace, concurrency: int) -> LevelSummary:
         tokens_per_s=generated / wall if wall > 0 else 0.0,
         ttft_ms=percentiles([r.ttft_s for r in good if r.chunk_times]),
         inter_token_ms=percentiles([g for r in good for g in inter_token_gaps(r)]),
+        timeline=poller.points,
     )
 
 
@@ -213,6 +269,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--timeout", type=float, default=600.0, help="seconds per request")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--client-procs", type=int, default=1, help="client processes sharing the streams of a level")
+    parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between /status samples")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
 
@@ -222,6 +279,8 @@ def main(argv: list[str] | None = None) -> None:
         summary = run_level(args, level)
         summaries.append(summary)
         print(f"concurrency {level}: {summary.tokens_per_s:.1f} tok/s", flush=True)
+        if level >= 64:
+            print_timeline(summary.timeline, max(args.poll_interval, summary.wall_s / 40))
 
     print(f"\n{args.url} {args.route} max_tokens={args.max_tokens}")
     print(f"{'conc':>6}{'reqs':>6}{'fail':>6}{'gen tok':>10}{'wall s':>9}{'tok/s':>10}"

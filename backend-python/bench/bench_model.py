@@ -109,7 +109,26 @@ def profile_decode(model: RWKV7, pool: StatePool, batch: int, steps: int = 3) ->
             logits = model.forward(pool, slots, [[t] for t in tokens])
             tokens = cuda_ops.sample(logits, slot_tensor, sampling, penalties).tolist()
         torch.cuda.synchronize()
-    events = prof.key_averages()
+    return _kernel_table(prof)
+
+
+def profile_prefill(model: RWKV7, pool: StatePool, prompts: int, length: int) -> str:
+    """Where a prefill call's GPU time goes: `prompts` chunks of `length` tokens in one forward."""
+    from torch.profiler import ProfilerActivity, profile
+
+    gen = torch.Generator().manual_seed(7)
+    data = torch.randint(0, model.config.vocab_size, (prompts, length), generator=gen).tolist()
+    slots = list(range(prompts))
+    model.forward(pool, slots, data)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        model.forward(pool, slots, data)
+        torch.cuda.synchronize()
+    return _kernel_table(prof)
+
+
+def _kernel_table(prof: object) -> str:
+    events = prof.key_averages()  # type: ignore[attr-defined]
     for key in ("self_device_time_total", "self_cuda_time_total"):
         try:
             return events.table(sort_by=key, row_limit=18, max_name_column_width=60)
@@ -154,6 +173,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prefill-chunk", type=int, default=4096)
     parser.add_argument("--accuracy-shape", default="0.4b", choices=sorted(NAMED_SHAPES))
     parser.add_argument("--profile-batches", default="", help="print a kernel profile of eager decode at these batches")
+    parser.add_argument("--profile-prefill", default="", help="kernel profiles of one prefill call, e.g. 8x512,64x512")
     parser.add_argument("--skip-accuracy", action="store_true")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
@@ -193,6 +213,9 @@ def main(argv: list[str] | None = None) -> None:
                 del runner
             for batch in [int(b) for b in args.profile_batches.split(",") if b]:
                 print(f"\n== profile: eager decode + sampling, batch {batch}, {args.shape}\n{profile_decode(model, pool, batch)}", flush=True)
+            for spec in [s for s in args.profile_prefill.split(",") if s]:
+                prompts, length = (int(n) for n in spec.split("x"))
+                print(f"\n== profile: prefill {prompts} x {length}, {args.shape}\n{profile_prefill(model, pool, prompts, length)}", flush=True)
         del pool
         torch.cuda.empty_cache()
     del model

@@ -62,6 +62,37 @@ class Summary:
     engine: dict[str, object]
     device: str
     model: str
+    timeline: list[dict[str, float]] = field(default_factory=list)
+
+
+TIMELINE_KEYS = ("active_slots", "queue_depth", "steps", "step_time_ms", "decode_tokens_total", "prefill_tokens_total",
+                 "generated_tokens_total", "state_saves")  # fmt: skip
+
+
+def timeline_point(elapsed: float, status: dict[str, object]) -> dict[str, float]:
+    """One sample of the engine's counters; the timeline shows how the prefill ramp and decode overlap."""
+    point = {"t": round(elapsed, 3)}
+    point.update({k: float(status[k]) for k in TIMELINE_KEYS if isinstance(status.get(k), (int, float))})  # type: ignore[arg-type]
+    return point
+
+
+def print_timeline(points: list[dict[str, float]], every_s: float = 1.0) -> None:
+    """Per interval: generated and prefilled tokens/s, steps/s, and the slots in use at its end."""
+    print(f"{'t s':>7}{'active':>8}{'queue':>7}{'steps/s':>9}{'gen tok/s':>11}{'prefill tok/s':>15}{'step ms':>9}")
+    last = None
+    for point in points:
+        if last is not None and point["t"] - last["t"] < every_s:
+            continue
+        if last is not None:
+            dt = point["t"] - last["t"]
+
+            def rate(key: str) -> float:
+                return (point.get(key, 0.0) - last.get(key, 0.0)) / dt  # type: ignore[union-attr]
+
+            print(f"{point['t']:>7.1f}{point.get('active_slots', 0):>8.0f}{point.get('queue_depth', 0):>7.0f}"
+                  f"{rate('steps'):>9.1f}{rate('generated_tokens_total'):>11.0f}{rate('prefill_tokens_total'):>15.0f}"
+                  f"{point.get('step_time_ms', 0):>9.1f}")  # fmt: skip
+        last = point
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -81,6 +112,8 @@ def build_backend(args: argparse.Namespace) -> AlbatrossRWKV:
     }
     if args.overlap is not None:
         extras["overlap"] = args.overlap == "on"
+    if args.state_dtype is not None:
+        extras["state_dtype"] = args.state_dtype
     if args.model:
         return AlbatrossRWKV(args.model, 1, args.batch, device=args.device, **extras)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -112,7 +145,7 @@ async def one_request(backend: AlbatrossRWKV, request: GenerationRequest, timing
             timing.finish_reason = event.finish_reason
 
 
-async def run(backend: AlbatrossRWKV, args: argparse.Namespace) -> tuple[list[RequestTiming], float]:
+async def run(backend: AlbatrossRWKV, args: argparse.Namespace, timeline: list[dict[str, float]]) -> tuple[list[RequestTiming], float]:
     rng = random.Random(args.seed)
     params = SamplingParams(
         max_tokens=args.max_tokens, temperature=1.0, top_p=0.6, top_k=50, presence_penalty=0.5,
@@ -125,8 +158,18 @@ async def run(backend: AlbatrossRWKV, args: argparse.Namespace) -> tuple[list[Re
         requests.append(GenerationRequest(prompt, params, request_id=f"bench-{index}"))
         timings.append(RequestTiming(prompt_tokens=length))
     start = time.perf_counter()
+
+    async def sample_timeline() -> None:
+        while True:
+            timeline.append(timeline_point(time.perf_counter() - start, backend.status()))
+            await asyncio.sleep(args.timeline_interval)
+
+    sampler = asyncio.create_task(sample_timeline())
     await asyncio.gather(*(one_request(backend, r, t, start) for r, t in zip(requests, timings)))
-    return timings, time.perf_counter() - start
+    wall = time.perf_counter() - start
+    sampler.cancel()
+    timeline.append(timeline_point(wall, backend.status()))
+    return timings, wall
 
 
 def warm_up(backend: AlbatrossRWKV) -> None:
@@ -149,6 +192,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prefill-budget", type=int, help="default: the engine's (4096)")
     parser.add_argument("--overlap", choices=("on", "off"), help="default: on for cuda")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--state-dtype", choices=("fp32", "fp16", "bf16"), help="default: the engine's (fp32)")
+    parser.add_argument("--timeline-interval", type=float, default=0.25, help="seconds between engine-counter samples")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
@@ -156,7 +201,8 @@ def main(argv: list[str] | None = None) -> None:
     backend = build_backend(args)
     try:
         warm_up(backend)
-        timings, wall = asyncio.run(run(backend, args))
+        timeline: list[dict[str, float]] = []
+        timings, wall = asyncio.run(run(backend, args, timeline))
         engine = backend.status()
     finally:
         backend.shutdown()
@@ -181,6 +227,7 @@ def main(argv: list[str] | None = None) -> None:
                                        "peak_device_memory_bytes", "steps") if k in engine},
         device=device,
         model=args.model or f"random:{args.shape}",
+        timeline=timeline,
     )  # fmt: skip
 
     print(f"\n{summary.model} on {summary.device} | torch {torch.__version__} | python {platform.python_version()}")
@@ -191,6 +238,7 @@ def main(argv: list[str] | None = None) -> None:
           f"{summary.ttft_ms['p99']:>9.1f}{summary.inter_token_ms['p50']:>9.2f}{summary.inter_token_ms['p90']:>8.2f}"
           f"{summary.inter_token_ms['p99']:>8.2f}")  # fmt: skip
     print(f"engine: {summary.engine}")
+    print_timeline(timeline, max(args.timeline_interval, wall / 40))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(asdict(summary), indent=2))

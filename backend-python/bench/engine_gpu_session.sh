@@ -1,7 +1,12 @@
 #!/usr/bin/env bash
 # One device call: the whole test suite on the GPU, then the engine benchmark (in process) and the
-# HTTP benchmark (a real server, streaming clients). Results land under $OUT.
-#   run from the repo root with the wheels of fastapi & co. carried in .whl/ (docs/performance.md)
+# HTTP benchmark (a real server, streaming clients). Results land under $OUT (at most 8 files come
+# back: every table goes to log.txt; JSON for the engine and each HTTP load; server.log; pyspy.txt).
+#   run from the repo root with the wheels of fastapi & co. (and py-spy for PYSPY=1) carried in .whl/
+# Knobs (environment): TESTS, MODEL (bench_model.py with BENCH_ARGS), ENGINE, BATCH1, HTTP, NOCACHE,
+# LEVELS, SHAPE, TEST_TIMEOUT, ENGINE_ARGS (extra engine_benchmark.py flags), PYSPY=1 (sample the
+# server's threads during the first HTTP load), SWITCH_INTERVALS (e.g. "0.0005": restart the server
+# with that sys.setswitchinterval and repeat the chat-route load).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -10,32 +15,55 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 fi
 cd backend-python
 export PYTHONUNBUFFERED=1 RWKV_V7_ON=1
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee "$OUT/gpu.txt"
-python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0])" | tee -a "$OUT/gpu.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/log.txt"
+python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0])" | tee -a "$OUT/log.txt"
 
 if [ "${TESTS:-1}" = 1 ]; then
-  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest tests -q -n 8 -p no:cacheprovider --maxfail=20 2>&1 | tee "$OUT/pytest.txt" | tail -25
+  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest tests -q -n 8 -p no:cacheprovider --maxfail=20 2>&1 | tee -a "$OUT/log.txt" | tail -25
+fi
+
+if [ "${MODEL:-0}" = 1 ]; then
+  timeout "${MODEL_TIMEOUT:-200}" python3 bench/bench_model.py ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/log.txt" | tail -60
 fi
 
 if [ "${ENGINE:-1}" = 1 ]; then
-  timeout 240 python3 bench/engine_benchmark.py --shape "${SHAPE:-7.2b}" --requests 960 --batch 960 --json "$OUT/engine960.json" 2>&1 | tee "$OUT/engine960.txt" | tail -25
-  [ "${BATCH1:-1}" = 1 ] && timeout 90 python3 bench/engine_benchmark.py --shape "${SHAPE:-7.2b}" --requests 1 --batch 1 --prompt-min 64 --prompt-max 64 --json "$OUT/engine1.json" 2>&1 | tail -12
+  timeout 240 python3 bench/engine_benchmark.py --shape "${SHAPE:-7.2b}" --requests 960 --batch 960 ${ENGINE_ARGS:-} --json "$OUT/engine960.json" 2>&1 | tee -a "$OUT/log.txt" | tail -60
+  [ "${BATCH1:-1}" = 1 ] && timeout 90 python3 bench/engine_benchmark.py --shape "${SHAPE:-7.2b}" --requests 1 --batch 1 --prompt-min 64 --prompt-max 64 2>&1 | tee -a "$OUT/log.txt" | tail -12
 fi
 
-if [ "${HTTP:-1}" = 1 ]; then
-  python3 main.py --model-path "random:${SHAPE:-7.2b}" --strategy "albatross workers=1 batch=960" --port 8123 --max-tokens 4096 >"$OUT/server.log" 2>&1 &
+start_server() {  # $1: sys.setswitchinterval value, or "" for Python's default
+  python3 -c "import sys, runpy; sys.setswitchinterval(float('$1')) if '$1' else None; sys.argv = sys.argv[1:]; runpy.run_path('main.py', run_name='__main__')" \
+    main.py --model-path "random:${SHAPE:-7.2b}" --strategy "albatross workers=1 batch=960" --port 8123 --max-tokens 4096 >>"$OUT/server.log" 2>&1 &
   server=$!
-  for _ in $(seq 1 120); do
-    if python3 -c "import httpx,sys; sys.exit(0 if httpx.get('http://127.0.0.1:8123/status').json().get('status') == 3 else 1)" 2>/dev/null; then break; fi
+  for _ in $(seq 1 150); do
+    if python3 -c "import httpx,sys; sys.exit(0 if httpx.get('http://127.0.0.1:8123/status').json().get('status') == 3 else 1)" 2>/dev/null; then return; fi
     sleep 1
   done
+  echo "server did not come up"; tail -20 "$OUT/server.log"
+}
+
+api() {  # $1: json name; the rest: extra benchmark flags
+  local name=$1; shift
   timeout 300 python3 bench/albatross_api_benchmark.py --url http://127.0.0.1:8123 --concurrency "${LEVELS:-1,64,960}" \
-      --max-tokens 256 --prompt-words 200 --client-procs 8 --json "$OUT/api.json" 2>&1 | tee "$OUT/api.txt" | tail -15
+      --max-tokens 256 --prompt-words 200 --client-procs 8 --json "$OUT/$name.json" "$@" 2>&1 | tee -a "$OUT/log.txt" | tail -50
+}
+
+if [ "${HTTP:-1}" = 1 ]; then
+  start_server ""
+  if [ "${PYSPY:-0}" = 1 ]; then
+    (sleep 8; /tmp/site/bin/py-spy record --pid "$server" --nonblocking --threads --idle --rate 50 --duration 30 \
+        --format raw --output "$OUT/pyspy.txt" >>"$OUT/log.txt" 2>&1) &
+  fi
+  api api
   if [ "${NOCACHE:-1}" = 1 ]; then  # the same load without the per-request prefix-cache saves
-    timeout 300 python3 bench/albatross_api_benchmark.py --url http://127.0.0.1:8123 --concurrency "${LEVELS:-1,64,960}" \
-        --max-tokens 256 --prompt-words 200 --client-procs 8 --route openai-native --prefix-cache off \
-        --json "$OUT/api_nocache.json" 2>&1 | tee "$OUT/api_nocache.txt" | tail -6
+    api api_nocache --route openai-native --prefix-cache off
   fi
   kill "$server"; wait "$server" 2>/dev/null
+  for interval in ${SWITCH_INTERVALS:-}; do
+    echo "== server with sys.setswitchinterval($interval)"
+    start_server "$interval"
+    api "api_switch_$interval"
+    kill "$server"; wait "$server" 2>/dev/null
+  done
   tail -5 "$OUT/server.log"
 fi
