@@ -259,3 +259,49 @@ def test_concurrent_puts_and_gets_from_threads_stay_consistent(make_cache) -> No
     assert cache.flush(timeout=10)
     for key, state in states.items():
         assert_same_state(cache.get(key), state, key)
+
+
+# ---------------------------------------------------------------------------- on a GPU
+
+def _on_gpu(state: SlotState) -> SlotState:
+    return SlotState(*(getattr(state, name).cuda() for name in ("att_shift", "ffn_shift", "wkv")))
+
+
+def _to_host(state: SlotState | None) -> SlotState | None:
+    return None if state is None else SlotState(*(getattr(state, name).cpu() for name in ("att_shift", "ffn_shift", "wkv")))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_demotion_to_host_memory_does_not_wait_for_the_device(db_path: Path, open_caches: list[StateCache]) -> None:
+    cache = StateCache(db_path, "model-a", device="cuda", l1_bytes=2 * ENTRY_BYTES, l2_bytes=100 * ENTRY_BYTES)
+    open_caches.append(cache)
+    expected = [random_state(seed) for seed in range(6)]
+    torch.cuda.synchronize()
+    busy = torch.cuda.Event()
+    torch.cuda._sleep(2_000_000_000)  # ~1 s of device time queued ahead of the puts (an ordering check, not a timing)
+    busy.record()
+    for index, state in enumerate(expected):
+        cache.put(f"prefix:{index}", _on_gpu(state))
+    assert not busy.query(), "put() waited for the device: demoting 4 entries must not synchronise"
+    assert cache.stats()["l2_entries"] == 4
+    for index, state in enumerate(expected):  # L2 hits come back through the device, still equal
+        assert_same_state(_to_host(cache.get(f"prefix:{index}")), state, f"entry {index}")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_device_states_reach_disk_intact_through_pinned_copies(db_path: Path, open_caches: list[StateCache]) -> None:
+    cache = StateCache(db_path, "model-a", device="cuda", l1_bytes=1 * ENTRY_BYTES, l2_bytes=100 * ENTRY_BYTES)
+    open_caches.append(cache)
+    expected = {f"session-{i}": random_state(100 + i) for i in range(3)}
+    expected |= {f"prefix:{i}": random_state(200 + i) for i in range(3)}
+    torch.cuda._sleep(200_000_000)  # the copies land after this; the writer must wait for them
+    for key, state in expected.items():
+        cache.put(key, _on_gpu(state))
+    assert cache.flush(timeout=60)
+    cache.close()
+    reopened = StateCache(db_path, "model-a", l1_bytes=100 * ENTRY_BYTES, l2_bytes=100 * ENTRY_BYTES)
+    open_caches.append(reopened)
+    for key, state in expected.items():
+        assert_same_state(reopened.get(key), state, key)

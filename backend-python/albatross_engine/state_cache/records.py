@@ -50,9 +50,37 @@ def state_dtype(state: Any) -> str:
 
 
 def copy_state(state: StateT, device: torch.device) -> StateT:
-    """A deep copy on `device`: cached entries and running slots never share memory."""
-    copies = {name: t.detach().to(device=device, copy=True) for name, t in tensor_fields(state).items()}
+    """A deep copy on `device`: cached entries and running slots never share memory. Copies between
+    device memory and pinned host memory are issued without making the calling thread wait; they
+    are ordered on the current stream like every other use of the state."""
+    copies = {
+        name: t.detach().to(device=device, copy=True, non_blocking=t.is_pinned() or t.device.type == device.type)
+        for name, t in tensor_fields(state).items()
+    }
     return dataclasses.replace(state, **copies)  # type: ignore[type-var]
+
+
+def copy_to_host(state: StateT) -> tuple[StateT, torch.cuda.Event | None]:
+    """A host copy of a state, and the CUDA event that completes once it has landed (None for a
+    state already on the host, copied synchronously).
+
+    A device state is copied into pinned memory on its device's current stream, so the caller (the
+    engine's worker) never waits for the step in flight; whoever reads the host bytes waits on the
+    event first (the disk writer), and a copy back to the device needs no wait at all."""
+    tensors = tensor_fields(state)
+    devices = {t.device for t in tensors.values()}
+    if all(d.type == "cpu" for d in devices):
+        return copy_state(state, torch.device("cpu")), None
+    if len(devices) != 1:
+        raise ValueError(f"a state's tensors must share one device, got {sorted(map(str, devices))}")
+    (device,) = devices
+    copies = {
+        name: torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t.detach(), non_blocking=True)
+        for name, t in tensors.items()
+    }
+    landed = torch.cuda.Event()
+    landed.record(torch.cuda.current_stream(device))
+    return dataclasses.replace(state, **copies), landed  # type: ignore[type-var]
 
 
 def checksum(payload: bytes) -> str:
@@ -67,6 +95,7 @@ class CachedEntry:
     nbytes: int
     last_updated: float  # wall-clock seconds of the put that created it
     dirty: bool  # not on disk and no write queued: flush() or eviction must write it
+    landed: torch.cuda.Event | None = None  # a host copy still in flight completes this (copy_to_host)
 
 
 @dataclass(frozen=True, slots=True)
