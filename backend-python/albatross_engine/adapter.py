@@ -231,7 +231,7 @@ class AlbatrossRWKV(AbstractRWKV):
             "batch_size": self.config.batch_size,
             "device": ", ".join(str(d) for d in self.devices),
             "dtype": dtype,
-            "state_dtype": self.config.state_dtype,
+            "state_dtype": self.config.effective_state_dtype(self.devices[0].type),
             "prefill_chunk": self.config.prefill_chunk,
             "prefill_budget": self.config.prefill_budget,
             "engine_running": core is not None and core.running,

@@ -143,7 +143,8 @@ class Worker:
             cuda_ops.enable_cuda_kernels()  # once per process: prebuilt binary, else JIT, else torch ops
         model = self._loader(self.device)
         self.device = model.device
-        self.device_step = DeviceStep(model, self.config.batch_size, self.config.state_dtype, self.config.cuda_graphs)
+        state_dtype = self.config.effective_state_dtype(self.device.type)
+        self.device_step = DeviceStep(model, self.config.batch_size, state_dtype, self.config.cuda_graphs)
 
     def _serve(self) -> None:
         while True:

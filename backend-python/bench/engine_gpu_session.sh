@@ -4,7 +4,7 @@
 # back: every table goes to log.txt; JSON for the engine and each HTTP load; server.log; pyspy.txt).
 #   run from the repo root with the wheels of fastapi & co. (and py-spy for PYSPY=1) carried in .whl/
 # Knobs (environment): TESTS, MODEL (bench_model.py with BENCH_ARGS), ENGINE, BATCH1, HTTP, NOCACHE,
-# LEVELS, SHAPE, TEST_TIMEOUT, ENGINE_ARGS (extra engine_benchmark.py flags), PYSPY=1 (sample the
+# LEVELS, SHAPE, TEST_TIMEOUT, TEST_PATHS, ENGINE_STATE_DTYPES, ENGINE_ARGS (extra engine_benchmark.py flags), PYSPY=1 (sample the
 # server's threads during the first HTTP load), SWITCH_INTERVALS (e.g. "0.0005": restart the server
 # with that sys.setswitchinterval and repeat the chat-route load).
 set -uo pipefail
@@ -19,7 +19,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$
 python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0])" | tee -a "$OUT/log.txt"
 
 if [ "${TESTS:-1}" = 1 ]; then
-  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest tests -q -n 8 -p no:cacheprovider --maxfail=20 2>&1 | tee -a "$OUT/log.txt" | tail -25
+  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest ${TEST_PATHS:-tests} -q -n 8 -p no:cacheprovider --maxfail=20 2>&1 | tee -a "$OUT/log.txt" | tail -25
 fi
 
 if [ "${MODEL:-0}" = 1 ]; then
@@ -27,7 +27,12 @@ if [ "${MODEL:-0}" = 1 ]; then
 fi
 
 if [ "${ENGINE:-1}" = 1 ]; then
-  timeout 240 python3 bench/engine_benchmark.py --shape "${SHAPE:-7.2b}" --requests 960 --batch 960 ${ENGINE_ARGS:-} --json "$OUT/engine960.json" 2>&1 | tee -a "$OUT/log.txt" | tail -60
+  for state in ${ENGINE_STATE_DTYPES:-default}; do  # e.g. "default fp32": the engine's default state, then fp32
+    flags=$([ "$state" = default ] || echo "--state-dtype $state")
+    echo "== engine, 960 requests, state: $state" | tee -a "$OUT/log.txt"
+    timeout 240 python3 bench/engine_benchmark.py --shape "${SHAPE:-7.2b}" --requests 960 --batch 960 $flags ${ENGINE_ARGS:-} \
+        --json "$OUT/engine960_$state.json" 2>&1 | tee -a "$OUT/log.txt" | tail -60
+  done
   [ "${BATCH1:-1}" = 1 ] && timeout 90 python3 bench/engine_benchmark.py --shape "${SHAPE:-7.2b}" --requests 1 --batch 1 --prompt-min 64 --prompt-max 64 2>&1 | tee -a "$OUT/log.txt" | tail -12
 fi
 

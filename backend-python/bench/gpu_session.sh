@@ -20,7 +20,9 @@ log="$OUT/session.log"
     echo "== build"
     time $PY build_kernels.py --arch "${ARCHS:-sm90}" ${KERNELS:+--kernels "$KERNELS"}
     cp manifest.json "$OUT/manifest.json"
-    for f in backend-python/albatross/kernels/*/*/*/sm90/*.so; do cp "$f" "$OUT/$(basename "$f")"; done
+    for name in $(echo "${KERNELS:-wkv7,sampler,fused}" | tr , ' '); do  # only what was built: 8 files come back
+      cp backend-python/albatross/kernels/*/*/*/sm90/"$name".so "$OUT/"
+    done
   else
     echo "== no build: the committed binaries of manifest.json"
   fi
@@ -35,8 +37,11 @@ import os; print('JIT cache created:', os.path.exists('/tmp/albatross-empty-cach
 } 2>&1 | tee "$log"
 
 echo "== tests" | tee -a "$log"
-(cd backend-python && timeout 240 $PY -m pytest tests/test_kernel_loader.py tests/test_cuda_kernels.py tests/test_fused_kernels.py tests/test_model_cuda.py \
-  -q -s -p no:cacheprovider --durations=5 2>&1) | tee "$OUT/tests.log" | tail -25 | tee -a "$log"
+(cd backend-python && timeout 240 $PY -m pytest tests/test_kernel_loader.py tests/test_cuda_kernels.py tests/test_fused_kernels.py tests/test_model_cuda.py tests/test_state_cache.py tests/test_engine_cuda.py \
+  -q -n 4 -p no:cacheprovider --durations=5 2>&1) | tee "$OUT/tests.log" | tail -25 | tee -a "$log"
 
 echo "== bench" | tee -a "$log"
-(cd backend-python && timeout "${BENCH_TIMEOUT:-270}" $PY bench/bench_model.py ${BENCH_ARGS:-} --json "$OUT/bench_model.json" 2>&1) | tee "$OUT/bench.log" | tail -30
+if [ "${WKV_BENCH:-1}" = 1 ]; then
+  (cd backend-python && timeout 120 $PY bench/bench_wkv.py --json "$OUT/bench_wkv.json" 2>&1) | tee -a "$OUT/bench.log" | tail -22
+fi
+(cd backend-python && timeout "${BENCH_TIMEOUT:-270}" $PY bench/bench_model.py ${BENCH_ARGS:-} --json "$OUT/bench_model.json" 2>&1) | tee -a "$OUT/bench.log" | tail -30

@@ -14,6 +14,7 @@ from albatross.model import RWKV7
 from albatross.random_checkpoint import CheckpointShape, random_state_dict
 from albatross.sampler import PenaltyPool, SamplingBatch, sample, seed_to_seed32
 from albatross_engine.adapter import AlbatrossRWKV
+from albatross_engine.device_step import STATE_DTYPES
 from engine_helpers import collect, token_ids
 from runner.interface import GenerationRequest, SamplingParams
 
@@ -35,15 +36,18 @@ def reference_model() -> RWKV7:
     return build_model()
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["eager", "overlap+graphs"])
+@pytest.fixture(scope="module", params=[(False, "fp32"), (True, None)], ids=["eager fp32 state", "overlap+graphs default state"])
 def engine(request: pytest.FixtureRequest) -> Iterator[AlbatrossRWKV]:
-    backend = AlbatrossRWKV("gpu-test", batch_size=16, model=build_model(), device="cuda", overlap=request.param, cuda_graphs=request.param)
+    fast, state_dtype = request.param
+    backend = AlbatrossRWKV(
+        "gpu-test", batch_size=16, model=build_model(), device="cuda", overlap=fast, cuda_graphs=fast, state_dtype=state_dtype
+    )
     yield backend
     backend.shutdown()
 
 
-def reference_tokens(model: RWKV7, prompt: list[int], params: SamplingParams, seed: int) -> list[int]:
-    pool = model.new_pool(1)
+def reference_tokens(model: RWKV7, prompt: list[int], params: SamplingParams, seed: int, state_dtype: str = "fp32") -> list[int]:
+    pool = model.new_pool(1, STATE_DTYPES[state_dtype])
     penalties = PenaltyPool(1, model.config.vocab_size, model.device)
     slot = torch.tensor([0], device=model.device)
     logits = model.forward(pool, [0], [prompt])
@@ -62,7 +66,7 @@ def test_greedy_request_in_a_crowded_gpu_batch_equals_the_model_core_alone(engin
     rng = random.Random(5)
     greedy = SamplingParams(max_tokens=24, temperature=0.0, frequency_penalty=0.0, stop_token_ids=())
     prompt = torch.randint(0, 65536, (32,), generator=torch.Generator().manual_seed(112)).tolist()
-    expected = reference_tokens(reference_model, prompt, greedy, seed=0)
+    expected = reference_tokens(reference_model, prompt, greedy, seed=0, state_dtype=engine.config.effective_state_dtype("cuda"))
     crowd = [
         GenerationRequest([rng.randrange(1, 65530) for _ in range(rng.randint(1, 40))], SamplingParams(max_tokens=rng.randint(1, 30), temperature=1.0, top_p=0.9, seed=rng.randrange(2**32), stop_token_ids=()))
         for _ in range(12)

@@ -277,12 +277,16 @@ def test_demotion_to_host_memory_does_not_wait_for_the_device(db_path: Path, ope
     cache = StateCache(db_path, "model-a", device="cuda", l1_bytes=2 * ENTRY_BYTES, l2_bytes=100 * ENTRY_BYTES)
     open_caches.append(cache)
     expected = [random_state(seed) for seed in range(6)]
+    on_gpu = [_on_gpu(state) for state in expected]  # before the sleep: a pageable upload would wait for it
+    for index, state in enumerate(on_gpu):  # the pinned blocks are allocated (once) outside the checked window
+        cache.put(f"warm-up:{index}", state)
+    cache.delete_prefix("warm-up:")
     torch.cuda.synchronize()
     busy = torch.cuda.Event()
     torch.cuda._sleep(2_000_000_000)  # ~1 s of device time queued ahead of the puts (an ordering check, not a timing)
     busy.record()
-    for index, state in enumerate(expected):
-        cache.put(f"prefix:{index}", _on_gpu(state))
+    for index, state in enumerate(on_gpu):
+        cache.put(f"prefix:{index}", state)
     assert not busy.query(), "put() waited for the device: demoting 4 entries must not synchronise"
     assert cache.stats()["l2_entries"] == 4
     for index, state in enumerate(expected):  # L2 hits come back through the device, still equal

@@ -1,0 +1,124 @@
+"""WKV kernel benchmark: one layer's WKV op for decode steps (every slot one token) and prefill
+calls (PROMPTS x LENGTH tokens), per state dtype. Prints us per layer, the state traffic of decode
+in TB/s (state read and written once, activations counted too) or the tokens/s of prefill, and the
+relative difference of the output to the torch twin on the same fresh inputs.
+
+    python bench/bench_wkv.py --batches 1,64,256,960 --prefill 1x4096,8x512,64x512 --json out/wkv.json
+
+The kernel is loaded as the server loads it (prebuilt when the manifest matches the sources, else a
+JIT build). Times are of eager launches, CUDA events around --iters calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from albatross import cuda_ops, ops  # noqa: E402
+
+N = ops.HEAD_SIZE
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(slots=True)
+class Result:
+    case: str
+    state: str
+    slots: int
+    tokens: int
+    us_per_layer: float
+    rate: float  # decode: TB/s of traffic; prefill: million tokens/s of this one layer
+    rel_diff: float  # y against the torch twin on the same inputs
+
+
+def _inputs(rows: int, heads: int, dtype: torch.dtype, gen: torch.Generator) -> list[torch.Tensor]:
+    """r, w, k, v, a, b in a trained model's ranges (decay in (0.1, 0.97), a = -kk, b = kk * gate)."""
+    C = heads * N
+    kk = F.normalize(torch.randn(rows, heads, N, generator=gen, device="cuda"), dim=-1).view(rows, C)
+    r, k, v = (torch.randn(rows, C, generator=gen, device="cuda") * 0.5 for _ in range(3))
+    w = -0.5 - 4.5 * torch.rand(rows, C, generator=gen, device="cuda")
+    gate = torch.rand(rows, C, generator=gen, device="cuda")
+    return [x.to(dtype) for x in (r, w, k, v, -kk, kk * gate)]
+
+
+def bench(slots: int, length: int, heads: int, state_dtype: torch.dtype, act_dtype: torch.dtype, iters: int) -> Result:
+    gen = torch.Generator(device="cuda").manual_seed(slots * length)
+    state = (torch.randn(slots, heads, N, N, generator=gen, device="cuda") * 0.1).to(state_dtype)
+    slot_idx = torch.randperm(slots, generator=gen, device="cuda").to(torch.int32)  # unsorted, as in serving
+    cu = torch.arange(0, slots * length + 1, length, dtype=torch.int32, device="cuda")
+    inputs = _inputs(slots * length, heads, act_dtype, gen)
+    expected = ops.wkv7_torch(state.clone(), slot_idx, cu, *inputs).double()
+    got = cuda_ops.wkv7_cuda(state.clone(), slot_idx, cu, *inputs).double()
+    diff = ((got - expected).norm() / expected.norm().clamp_min(1e-30)).item()
+    cuda_ops.wkv7_cuda(state, slot_idx, cu, *inputs)  # warm-up
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        cuda_ops.wkv7_cuda(state, slot_idx, cu, *inputs)
+    end.record()
+    end.synchronize()
+    seconds = start.elapsed_time(end) / 1000 / iters
+    state_name = next(name for name, dtype in DTYPES.items() if dtype == state_dtype)
+    if length == 1:
+        traffic = 2 * state.numel() * state.element_size() + 7 * inputs[0].numel() * inputs[0].element_size()
+        return Result("decode", state_name, slots, slots, 1e6 * seconds, traffic / seconds / 1e12, diff)
+    return Result(f"prefill {slots}x{length}", state_name, slots, slots * length, 1e6 * seconds, slots * length / seconds / 1e6, diff)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--batches", default="1,64,256,960", help="decode: slots of one token each")
+    parser.add_argument("--prefill", default="1x4096,8x512,64x512", help="prefill shapes PROMPTSxLENGTH (empty: none)")
+    parser.add_argument("--heads", type=int, default=64, help="64 heads of 64: the 7.2B shape (width 4096)")
+    parser.add_argument("--state-dtypes", default="fp32,fp16", help=f"comma-separated, of {','.join(DTYPES)}")
+    parser.add_argument("--act-dtype", default="fp16", choices=sorted(DTYPES))
+    parser.add_argument("--iters", type=int, default=50)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_wkv needs a CUDA GPU")
+    loaded = cuda_ops.enable_cuda_kernels()["wkv7"]
+    if loaded.how not in ("prebuilt", "jit"):
+        raise SystemExit(f"the WKV kernel did not load: {loaded.describe()}")
+    print(loaded.describe(), flush=True)
+
+    cases = [(int(b), 1) for b in args.batches.split(",") if b]
+    cases += [tuple(int(n) for n in spec.split("x")) for spec in args.prefill.split(",") if spec]  # type: ignore[misc]
+    results: list[Result] = []
+    for state_name in args.state_dtypes.split(","):
+        for slots, length in cases:
+            iters = args.iters if length == 1 else max(3, args.iters // 10)
+            result = bench(slots, length, args.heads, DTYPES[state_name], DTYPES[args.act_dtype], iters)
+            results.append(result)
+            print(asdict(result), flush=True)
+            torch.cuda.empty_cache()
+
+    print(f"\n{torch.cuda.get_device_name()} | torch {torch.__version__} | {args.heads} heads, {args.act_dtype} activations")
+    print(f"{'case':<20}{'state':>6}{'slots':>7}{'us/layer':>11}{'TB/s | Mtok/s':>15}{'rel diff':>10}")
+    for r in results:
+        print(f"{r.case:<20}{r.state:>6}{r.slots:>7}{r.us_per_layer:>11.1f}{r.rate:>15.2f}{r.rel_diff:>10.1e}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        payload = {
+            "device": torch.cuda.get_device_name(),
+            "torch": torch.__version__,
+            "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d"),
+            "act_dtype": args.act_dtype,
+            "results": [asdict(r) for r in results],
+        }
+        args.json.write_text(json.dumps(payload, indent=2))
+
+
+if __name__ == "__main__":
+    main()
