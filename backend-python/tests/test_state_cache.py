@@ -13,6 +13,7 @@ import torch
 
 from albatross.state import SlotState
 from albatross_engine.state_cache import StateCache
+from albatross_engine.state_cache.host_slab import HostSlab
 
 LAYERS, WIDTH, HEADS, HEAD_SIZE = 2, 128, 2, 64
 
@@ -276,6 +277,7 @@ def _to_host(state: SlotState | None) -> SlotState | None:
 def test_demotion_to_host_memory_does_not_wait_for_the_device(db_path: Path, open_caches: list[StateCache]) -> None:
     cache = StateCache(db_path, "model-a", device="cuda", l1_bytes=2 * ENTRY_BYTES, l2_bytes=100 * ENTRY_BYTES)
     open_caches.append(cache)
+    assert cache._slab is not None and cache._slab.wait_ready(30)  # allocated in the background
     expected = [random_state(seed) for seed in range(6)]
     on_gpu = [_on_gpu(state) for state in expected]  # before the sleep: a pageable upload would wait for it
     for index, state in enumerate(on_gpu):  # the pinned blocks are allocated (once) outside the checked window
@@ -298,6 +300,7 @@ def test_demotion_to_host_memory_does_not_wait_for_the_device(db_path: Path, ope
 def test_device_states_reach_disk_intact_through_pinned_copies(db_path: Path, open_caches: list[StateCache]) -> None:
     cache = StateCache(db_path, "model-a", device="cuda", l1_bytes=1 * ENTRY_BYTES, l2_bytes=100 * ENTRY_BYTES)
     open_caches.append(cache)
+    assert cache._slab is not None and cache._slab.wait_ready(30)
     expected = {f"session-{i}": random_state(100 + i) for i in range(3)}
     expected |= {f"prefix:{i}": random_state(200 + i) for i in range(3)}
     torch.cuda._sleep(200_000_000)  # the copies land after this; the writer must wait for them
@@ -309,3 +312,39 @@ def test_device_states_reach_disk_intact_through_pinned_copies(db_path: Path, op
     open_caches.append(reopened)
     for key, state in expected.items():
         assert_same_state(reopened.get(key), state, key)
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_host_slots_are_reused_and_keep_the_newest_states_intact(db_path: Path, open_caches: list[StateCache]) -> None:
+    # L2's budget holds 5 states: 40 demotions cycle every slot many times over.
+    cache = StateCache(db_path, "model-a", device="cuda", l1_bytes=2 * ENTRY_BYTES, l2_bytes=5 * ENTRY_BYTES + 1000)
+    open_caches.append(cache)
+    assert cache._slab is not None and cache._slab.wait_ready(30)
+    expected = {f"prefix:{i}": random_state(300 + i) for i in range(42)}
+    for key, state in expected.items():
+        cache.put(key, _on_gpu(state))
+    stats = cache.stats()
+    assert stats["l1_entries"] == 2 and stats["l2_entries"] == 5, stats
+    assert stats["prefix_dropped"] == 35, stats
+    for key in list(expected)[-7:]:  # the 5 newest demoted and the 2 still in L1
+        assert_same_state(_to_host(cache.get(key)), expected[key], key)
+    assert cache.get("prefix:0") is None
+
+
+def test_host_slab_cuts_equal_slots_and_refuses_larger_states() -> None:
+    slab = HostSlab(10 * ENTRY_BYTES + 4096, pin=False)
+    assert slab.wait_ready(10)
+    state = random_state(1)
+    slots = [slab.take(state) for _ in range(10)]
+    assert None not in slots and len(set(slots)) == 10
+    assert slab.take(state) is None, "every slot is taken"
+    views = [slab.view(slot, state) for slot in slots[:2]]
+    views[0].wkv.copy_(state.wkv)
+    views[1].wkv.fill_(7.0)
+    assert torch.equal(views[0].wkv, state.wkv), "slots must not overlap"
+    slab.give_back(slots[0])
+    assert slab.take(state) == slots[0]
+    bigger = SlotState(torch.zeros(LAYERS, 2 * WIDTH), torch.zeros(LAYERS, 2 * WIDTH), state.wkv)
+    assert not slab.fits(bigger) and slab.take(bigger) is None
+    slab.close()

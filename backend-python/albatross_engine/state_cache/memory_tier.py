@@ -49,6 +49,14 @@ class LruTier:
             self.used_bytes -= entry.nbytes
         return entry
 
+    def pop_oldest(self) -> tuple[str, CachedEntry] | None:
+        """Removes and returns the least recently used entry (None when empty)."""
+        if not self._entries:
+            return None
+        key, entry = self._entries.popitem(last=False)
+        self.used_bytes -= entry.nbytes
+        return key, entry
+
     def evict_over_budget(self) -> Iterator[tuple[str, CachedEntry]]:
         """Removes and yields least recently used entries until the tier fits its budget."""
         while self._entries and self.used_bytes > self.budget_bytes:

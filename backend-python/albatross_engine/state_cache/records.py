@@ -60,6 +60,19 @@ def copy_state(state: StateT, device: torch.device) -> StateT:
     return dataclasses.replace(state, **copies)  # type: ignore[type-var]
 
 
+def copy_into(state: StateT, destination: StateT) -> torch.cuda.Event:
+    """Copy a device state into page-locked host tensors of the same layout without waiting; the
+    returned event completes once the copy has landed (recorded on the source's current stream)."""
+    sources = tensor_fields(state)
+    targets = tensor_fields(destination)
+    for name, source in sources.items():
+        targets[name].copy_(source.detach(), non_blocking=True)
+    device = next(iter(sources.values())).device
+    landed = torch.cuda.Event()
+    landed.record(torch.cuda.current_stream(device))
+    return landed
+
+
 def copy_to_host(state: StateT) -> tuple[StateT, torch.cuda.Event | None]:
     """A host copy of a state, and the CUDA event that completes once it has landed (None for a
     state already on the host, copied synchronously).
@@ -96,6 +109,7 @@ class CachedEntry:
     last_updated: float  # wall-clock seconds of the put that created it
     dirty: bool  # not on disk and no write queued: flush() or eviction must write it
     landed: torch.cuda.Event | None = None  # a host copy still in flight completes this (copy_to_host)
+    slot: int | None = None  # the HostSlab slot an L2 entry's tensors live in
 
 
 @dataclass(frozen=True, slots=True)

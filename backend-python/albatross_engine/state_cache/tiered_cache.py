@@ -29,12 +29,14 @@ from typing import Any, Callable
 
 import torch
 
+from albatross_engine.state_cache.host_slab import HostSlab
 from albatross_engine.state_cache.memory_tier import LruTier
 from albatross_engine.state_cache.records import (
     CacheEntryInfo,
     CachedEntry,
     StoredRecord,
     checksum,
+    copy_into,
     copy_state,
     copy_to_host,
     state_dtype,
@@ -106,6 +108,9 @@ class StateCache:
         self._write_through = write_through
         self._l1 = LruTier(l1_bytes)
         self._l2 = LruTier(l2_bytes)
+        # States demoted from a GPU land in one page-locked arena (host_slab.py), never in memory
+        # allocated on the engine's thread.
+        self._slab = HostSlab(l2_bytes) if self.device.type == "cuda" and l2_bytes > 0 else None
         self._l3 = SqliteTier(self.path, l3_bytes)
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
@@ -133,7 +138,9 @@ class StateCache:
             entry = self._l2.pop(key)
             if entry is not None:
                 self._stats.l2_hits += 1
-                return self._promote(key, entry.state, entry.last_updated, dirty=entry.dirty, landed=entry.landed)
+                state = self._promote(key, entry.state, entry.last_updated, dirty=entry.dirty, landed=entry.landed)
+                self._release(entry)  # the copy out of its slot is issued; later copies in are ordered after it
+                return state
             job = self._pending.get(key)
             if job is not None:
                 self._stats.l2_hits += 1
@@ -153,7 +160,7 @@ class StateCache:
         with self._lock:
             self._check_open()
             self._stats.puts += 1
-            self._l2.pop(key)
+            self._release(self._l2.pop(key))
             self._l1.insert(key, CachedEntry(cached, state_nbytes(cached), now, dirty=not durable))
             if durable:
                 self._enqueue(key, cached, now)
@@ -218,7 +225,7 @@ class StateCache:
                 for key, entry in tier.items():
                     if entry.dirty:
                         entry.dirty = False
-                        self._enqueue(key, entry.state, entry.last_updated, entry.landed)
+                        self._enqueue(key, entry.state, entry.last_updated, entry.landed, borrowed=entry.slot is not None)
         return self.wait_persisted(timeout=timeout)
 
     def close(self) -> None:
@@ -232,6 +239,8 @@ class StateCache:
         self._queue.put(None)
         self._writer.join()
         self._l3.close()
+        if self._slab is not None:
+            self._slab.close()
 
     def stats(self) -> dict[str, int]:
         with self._lock:
@@ -275,23 +284,57 @@ class StateCache:
 
     def _rebalance(self) -> None:
         for key, entry in list(self._l1.evict_over_budget()):
-            # Demotion must not stall the engine: a synchronous copy to pageable memory waited for
-            # the step in flight and took ~20 ms per 32 MB state, which under a flood of new prompts
-            # (one prompt-end state each) cut the prefill rate of the chat route by 4-6x on the H200.
-            if self.device == _CPU:
-                host_state, landed = entry.state, entry.landed
-            else:
-                host_state, landed = copy_to_host(entry.state)
-            self._l2.insert(key, CachedEntry(host_state, entry.nbytes, entry.last_updated, dirty=entry.dirty, landed=landed))
+            demoted = self._demote(entry)
+            if demoted is not None:
+                self._l2.insert(key, demoted)
+            elif entry.dirty:  # no host slot: a prefix state is dropped (a session state is on disk)
+                self._stats.prefix_dropped += 1
         for key, entry in list(self._l2.evict_over_budget()):
             # Only prefix-cache entries are dirty (sessions are written through). One falling out of
             # host memory is dropped, not written: under load that would mean gigabytes of disk
             # writes (32 MB a state at 7.2B) to save a recomputable prefill.
+            self._release(entry)
             if entry.dirty:
                 self._stats.prefix_dropped += 1
 
-    def _enqueue(self, key: str, state: Any, last_updated: float, landed: torch.cuda.Event | None = None) -> None:
-        if _on_cpu(state):
+    def _demote(self, entry: CachedEntry) -> CachedEntry | None:
+        """An L2 entry for an entry leaving L1, or None when host memory has no room for it.
+
+        Demotion must not stall the engine: a synchronous copy to pageable memory waited for the
+        step in flight (~20 ms per 32 MB state at 7.2B), which under a flood of new prompts (one
+        prompt-end state each) cut the chat route's prefill rate 4-6x on the H200. From a GPU the
+        state is copied into a slot of the page-locked slab without waiting."""
+        if self.device == _CPU:
+            return CachedEntry(entry.state, entry.nbytes, entry.last_updated, dirty=entry.dirty, landed=entry.landed)
+        slab = self._slab
+        if slab is None or not slab.fits(entry.state):
+            return None
+        slot = slab.take(entry.state)
+        while slot is None and (oldest := self._l2.pop_oldest()) is not None:  # the slab is full: LRU makes room
+            self._release(oldest[1])
+            if oldest[1].dirty:
+                self._stats.prefix_dropped += 1
+            slot = slab.take(entry.state)
+        if slot is None:
+            return None
+        host_state = slab.view(slot, entry.state)
+        landed = copy_into(entry.state, host_state)
+        return CachedEntry(host_state, entry.nbytes, entry.last_updated, dirty=entry.dirty, landed=landed, slot=slot)
+
+    def _release(self, entry: CachedEntry | None) -> None:
+        """An entry left L2: its slab slot is free again."""
+        if entry is not None and entry.slot is not None and self._slab is not None:
+            self._slab.give_back(entry.slot)
+            entry.slot = None
+
+    def _enqueue(
+        self, key: str, state: Any, last_updated: float, landed: torch.cuda.Event | None = None, borrowed: bool = False
+    ) -> None:
+        if borrowed:  # it lives in a slab slot that may be reused before the writer reads it (flush only)
+            if landed is not None:
+                landed.synchronize()
+            host_state, landed = copy_state(state, _CPU), None
+        elif _on_cpu(state):
             host_state = state
         else:
             host_state, landed = copy_to_host(state)  # the writer thread waits for it, not the caller
@@ -341,7 +384,9 @@ class StateCache:
             with self._changed:
                 for key in keys:
                     in_l1 = self._l1.pop(key) is not None
-                    in_l2 = self._l2.pop(key) is not None
+                    l2_entry = self._l2.pop(key)
+                    self._release(l2_entry)
+                    in_l2 = l2_entry is not None
                     queued = self._pending.pop(key, None) is not None
                     if in_l1 or in_l2 or queued:
                         removed.add(key)
