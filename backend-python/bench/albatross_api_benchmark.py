@@ -28,6 +28,8 @@ from pathlib import Path
 
 import httpx
 
+from timeline import print_timeline, timeline_point  # bench/ is the script's folder
+
 WORDS = ("river", "engine", "quiet", "lantern", "orbit", "maple", "signal", "harbor", "copper", "meadow")
 
 
@@ -55,10 +57,6 @@ class LevelSummary:
     timeline: list[dict[str, float]] = field(default_factory=list)
 
 
-TIMELINE_KEYS = ("active_slots", "queue_depth", "steps", "step_time_ms", "decode_tokens_total", "prefill_tokens_total",
-                 "generated_tokens_total", "state_saves")  # fmt: skip
-
-
 class StatusPoller:
     """Samples the server's engine counters (GET /status, "effective") while a level runs, so a slow
     ramp can be told apart from slow steps: the same timeline engine_benchmark.py prints."""
@@ -84,27 +82,11 @@ class StatusPoller:
             while True:
                 try:
                     effective = client.get("/status").json().get("effective", {})
-                    point = {"t": round(time.time() - self._started, 3)}
-                    point.update({k: float(effective[k]) for k in TIMELINE_KEYS if isinstance(effective.get(k), (int, float))})
-                    self.points.append(point)
+                    self.points.append(timeline_point(time.time() - self._started, effective))
                 except (httpx.HTTPError, ValueError):
                     pass  # a busy server answers late or not at all; the gap shows in the timeline
                 if self._stop.wait(self._args.poll_interval):
                     return
-
-
-def print_timeline(points: list[dict[str, float]], every_s: float) -> None:
-    print(f"{'t s':>7}{'active':>8}{'queue':>7}{'steps/s':>9}{'gen tok/s':>11}{'prefill tok/s':>15}{'step ms':>9}")
-    last = None
-    for point in points:
-        if last is not None and point["t"] - last["t"] < every_s:
-            continue
-        if last is not None:
-            dt = point["t"] - last["t"]
-            rates = [(point.get(k, 0.0) - last.get(k, 0.0)) / dt for k in ("steps", "generated_tokens_total", "prefill_tokens_total")]
-            print(f"{point['t']:>7.1f}{point.get('active_slots', 0):>8.0f}{point.get('queue_depth', 0):>7.0f}"
-                  f"{rates[0]:>9.1f}{rates[1]:>11.0f}{rates[2]:>15.0f}{point.get('step_time_ms', 0):>9.1f}")  # fmt: skip
-        last = point
 
 
 ROUTE_PATHS = {

@@ -37,6 +37,7 @@ from albatross import cuda_ops  # noqa: E402
 from albatross.model import RWKV7  # noqa: E402
 from albatross.random_checkpoint import random_state_dict  # noqa: E402
 from albatross_engine.adapter import AlbatrossRWKV, parse_random_spec  # noqa: E402
+from timeline import print_timeline, timeline_point  # noqa: E402  (bench/ is the script's folder)
 from runner.interface import GenerationRequest, SamplingParams  # noqa: E402
 
 
@@ -63,36 +64,6 @@ class Summary:
     device: str
     model: str
     timeline: list[dict[str, float]] = field(default_factory=list)
-
-
-TIMELINE_KEYS = ("active_slots", "queue_depth", "steps", "step_time_ms", "decode_tokens_total", "prefill_tokens_total",
-                 "generated_tokens_total", "state_saves")  # fmt: skip
-
-
-def timeline_point(elapsed: float, status: dict[str, object]) -> dict[str, float]:
-    """One sample of the engine's counters; the timeline shows how the prefill ramp and decode overlap."""
-    point = {"t": round(elapsed, 3)}
-    point.update({k: float(status[k]) for k in TIMELINE_KEYS if isinstance(status.get(k), (int, float))})  # type: ignore[arg-type]
-    return point
-
-
-def print_timeline(points: list[dict[str, float]], every_s: float = 1.0) -> None:
-    """Per interval: generated and prefilled tokens/s, steps/s, and the slots in use at its end."""
-    print(f"{'t s':>7}{'active':>8}{'queue':>7}{'steps/s':>9}{'gen tok/s':>11}{'prefill tok/s':>15}{'step ms':>9}")
-    last = None
-    for point in points:
-        if last is not None and point["t"] - last["t"] < every_s:
-            continue
-        if last is not None:
-            dt = point["t"] - last["t"]
-
-            def rate(key: str) -> float:
-                return (point.get(key, 0.0) - last.get(key, 0.0)) / dt  # type: ignore[union-attr]
-
-            print(f"{point['t']:>7.1f}{point.get('active_slots', 0):>8.0f}{point.get('queue_depth', 0):>7.0f}"
-                  f"{rate('steps'):>9.1f}{rate('generated_tokens_total'):>11.0f}{rate('prefill_tokens_total'):>15.0f}"
-                  f"{point.get('step_time_ms', 0):>9.1f}")  # fmt: skip
-        last = point
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -188,11 +159,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt-min", type=int, default=64)
     parser.add_argument("--prompt-max", type=int, default=512)
     parser.add_argument("--max-tokens", type=int, default=256)
-    parser.add_argument("--prefill-chunk", type=int, help="default: the engine's (512)")
-    parser.add_argument("--prefill-budget", type=int, help="default: the engine's (4096)")
+    parser.add_argument("--prefill-chunk", type=int, help="default: the engine's (128)")
+    parser.add_argument("--prefill-budget", type=int, help="default: the engine's (8192)")
     parser.add_argument("--overlap", choices=("on", "off"), help="default: on for cuda")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--state-dtype", choices=("fp32", "fp16", "bf16"), help="default: the engine's (fp32)")
+    parser.add_argument("--state-dtype", choices=("fp32", "fp16", "bf16"), help="default: the engine's (fp16 on cuda, fp32 on cpu)")
     parser.add_argument("--timeline-interval", type=float, default=0.25, help="seconds between engine-counter samples")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)

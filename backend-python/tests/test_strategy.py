@@ -74,10 +74,10 @@ def test_a_bad_word_does_not_spoil_the_good_ones() -> None:
 
 
 def test_optional_device_dtype_and_prefill_settings() -> None:
-    config = parse_albatross_strategy("albatross device=cuda:1 dtype=bf16 prefill_chunk=128 state_dtype=fp16 overlap=0")
+    config = parse_albatross_strategy("albatross device=cuda:1 dtype=bf16 prefill_chunk=256 state_dtype=fp16 overlap=0")
     assert config.device == "cuda:1"
     assert config.dtype == "bf16"
-    assert config.prefill_chunk == 128
+    assert config.prefill_chunk == 256
     assert config.state_dtype == "fp16"
     assert config.overlap is False
     assert parse_albatross_strategy("albatross device=2").device == "cuda:2", "a bare index names a GPU"

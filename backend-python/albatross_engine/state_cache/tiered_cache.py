@@ -138,9 +138,7 @@ class StateCache:
             entry = self._l2.pop(key)
             if entry is not None:
                 self._stats.l2_hits += 1
-                state = self._promote(key, entry.state, entry.last_updated, dirty=entry.dirty, landed=entry.landed)
-                self._release(entry)  # the copy out of its slot is issued; later copies in are ordered after it
-                return state
+                return self._promote(key, entry.state, entry.last_updated, dirty=entry.dirty, landed=entry.landed, leaving=entry)
             job = self._pending.get(key)
             if job is not None:
                 self._stats.l2_hits += 1
@@ -272,12 +270,18 @@ class StateCache:
         if self._closed:
             raise RuntimeError("the state cache is closed")
 
-    def _promote(self, key: str, state: Any, last_updated: float, *, dirty: bool, landed: torch.cuda.Event | None = None) -> Any:
+    def _promote(
+        self, key: str, state: Any, last_updated: float, *, dirty: bool, landed: torch.cuda.Event | None = None,
+        leaving: CachedEntry | None = None,
+    ) -> Any:
         if landed is not None and self.device.type == "cuda":
             torch.cuda.current_stream(self.device).wait_event(landed)  # the device waits, not this thread
         elif landed is not None:
             landed.synchronize()
         on_device = copy_state(state, self.device)
+        # The copy out of the L2 entry's slot is issued; a later copy into that slot is ordered after
+        # it on the stream, so the slot is free for the demotion this promotion may cause.
+        self._release(leaving)
         self._l1.insert(key, CachedEntry(on_device, state_nbytes(on_device), last_updated, dirty=dirty))
         self._rebalance()
         return copy_state(on_device, self.device)
