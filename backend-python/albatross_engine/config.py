@@ -18,6 +18,12 @@ logger = logging.getLogger(__name__)
 STRATEGY_WORDS = ("albatross", "chirrup")
 MODEL_DTYPES = ("fp16", "bf16", "fp32")
 STATE_DTYPES = ("fp32", "fp16", "bf16")
+# Short chunks from many prompts rather than long chunks from few: a (slot, head) of the WKV kernel
+# is a serial chain of ~1 us a token, so a step's WKV time follows its longest chunk, while the
+# matmuls only see the total. H200, 7.2B, 960 requests (docs/performance.md): 128 / 8192 gave
+# 12.6k tok/s and an inter-token p90 of 54 ms; 512 / 4096 gave 12.1k and 150 ms.
+DEFAULT_PREFILL_CHUNK = 128
+DEFAULT_PREFILL_BUDGET = 8192
 
 _DEVICE_PATTERN = re.compile(r"^(cpu|cuda|cuda:\d+)$")
 
@@ -28,12 +34,8 @@ class AlbatrossBackendConfig:
     batch_size: int = 32  # state slots per worker
     device: str | None = None  # None: cuda when available, else cpu; "cuda:N" puts worker 0 on GPU N
     dtype: str | None = None  # weights and activations; None: fp16 on cuda, fp32 on cpu
-    # Short chunks from many prompts rather than long chunks from few: a (slot, head) of the WKV
-    # kernel is a serial chain of ~1 us a token, so a step's WKV time follows its longest chunk,
-    # while the matmuls only see the total. H200, 7.2B, 960 requests (docs/performance.md): 128 /
-    # 8192 gave 12.6k tok/s, inter-token p90 54 ms; 512 / 4096 gave 12.1k and 150 ms.
-    prefill_chunk: int = 128  # most prompt tokens one request feeds in one step
-    prefill_budget: int = 8192  # most prompt tokens all requests feed together in one step
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # most prompt tokens one request feeds in one step
+    prefill_budget: int = DEFAULT_PREFILL_BUDGET  # most prompt tokens all requests feed together in one step
     state_dtype: str | None = None  # WKV state precision; None: fp16 on cuda, fp32 on cpu (docs/performance.md)
     overlap: bool | None = None  # host work of step N while step N+1 runs; None: on for cuda
     cuda_graphs: bool = True  # replay decode steps from CUDA graphs when albatross provides them

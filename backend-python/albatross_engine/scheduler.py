@@ -24,6 +24,7 @@ import heapq
 from collections import deque
 from dataclasses import dataclass
 
+from albatross_engine.config import DEFAULT_PREFILL_BUDGET, DEFAULT_PREFILL_CHUNK
 from albatross_engine.state_store import PREFIX_BOUNDARY_TOKENS
 from albatross_engine.tasks import EngineTask
 
@@ -75,8 +76,8 @@ class Scheduler:
     def __init__(
         self,
         batch_size: int,
-        prefill_chunk: int = 512,
-        prefill_budget: int = 4096,
+        prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
+        prefill_budget: int = DEFAULT_PREFILL_BUDGET,
         prefix_boundary: int = PREFIX_BOUNDARY_TOKENS,
     ) -> None:
         if min(batch_size, prefill_chunk, prefill_budget, prefix_boundary) < 1:
