@@ -35,7 +35,6 @@ class HostSlab:
         self._pin = pin
         self._lock = threading.Lock()
         self._arena: torch.Tensor | None = None
-        self._registered = False
         self._slot_bytes = 0
         self._free: list[int] = []
         self._thread = threading.Thread(target=self._allocate, name="state-cache-slab", daemon=True)
@@ -54,20 +53,10 @@ class HostSlab:
             return
         with self._lock:
             self._arena = arena
-            self._registered = self._pin
 
     def wait_ready(self, timeout: float | None = None) -> bool:
         self._thread.join(timeout)
         return self._arena is not None
-
-    @property
-    def ready(self) -> bool:
-        return self._arena is not None
-
-    @property
-    def free_slots(self) -> int:
-        with self._lock:
-            return len(self._free)
 
     def fits(self, state: Any) -> bool:
         """Whether `state` can ever get a slot (the arena is ready and the state not too large)."""
@@ -108,7 +97,7 @@ class HostSlab:
         self._thread.join()
         with self._lock:
             arena, self._arena, self._free = self._arena, None, []
-            if arena is not None and self._registered:
+            if arena is not None and self._pin:
                 torch.cuda.cudart().cudaHostUnregister(arena.data_ptr())
 
     @staticmethod

@@ -86,14 +86,9 @@ def copy_to_host(state: StateT) -> tuple[StateT, torch.cuda.Event | None]:
         return copy_state(state, torch.device("cpu")), None
     if len(devices) != 1:
         raise ValueError(f"a state's tensors must share one device, got {sorted(map(str, devices))}")
-    (device,) = devices
-    copies = {
-        name: torch.empty(t.shape, dtype=t.dtype, pin_memory=True).copy_(t.detach(), non_blocking=True)
-        for name, t in tensors.items()
-    }
-    landed = torch.cuda.Event()
-    landed.record(torch.cuda.current_stream(device))
-    return dataclasses.replace(state, **copies), landed  # type: ignore[type-var]
+    pinned = {name: torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for name, t in tensors.items()}
+    destination = dataclasses.replace(state, **pinned)  # type: ignore[type-var]
+    return destination, copy_into(state, destination)
 
 
 def checksum(payload: bytes) -> str:
