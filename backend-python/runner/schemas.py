@@ -43,12 +43,10 @@ class ChatMessage(BaseModel):
     name: str | None = None
 
 
-class SamplingFields(_Body):
-    """Fields shared by chat and text completions; None means "use the defaults"."""
+class _SamplingKnobs(_Body):
+    """The sampling values a request may set and /update-config may make the defaults; None means
+    "use the defaults"."""
 
-    model: str | None = None
-    stream: bool = False
-    stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=0)
     temperature: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
     top_p: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
@@ -56,6 +54,21 @@ class SamplingFields(_Body):
     presence_penalty: float | None = Field(None, allow_inf_nan=False)
     frequency_penalty: float | None = Field(None, allow_inf_nan=False)
     penalty_decay: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+
+    def sampling_values(self) -> dict[str, Any]:
+        """The knobs that were given."""
+        return {name: value for name in _KNOBS if (value := getattr(self, name)) is not None}
+
+
+_KNOBS = tuple(name for name in _SamplingKnobs.model_fields if name not in _Body.model_fields)
+
+
+class SamplingFields(_SamplingKnobs):
+    """Fields shared by chat and text completions; None means "use the defaults"."""
+
+    model: str | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
     stop: str | list[str] | None = Field(None)
     stop_token_ids: list[int] | None = None
     seed: int | None = None
@@ -137,20 +150,9 @@ class SwitchModelRequest(_Body):
     deploy: bool = False
 
 
-class UpdateConfigRequest(_Body):
-    max_tokens: int | None = Field(None, ge=0)
-    temperature: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
-    top_p: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
-    top_k: int | None = Field(None, ge=0)
-    presence_penalty: float | None = Field(None, allow_inf_nan=False)
-    frequency_penalty: float | None = Field(None, allow_inf_nan=False)
-    penalty_decay: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+class UpdateConfigRequest(_SamplingKnobs):
     global_penalty: bool | None = None
     state: str | None = None
-
-    def sampling_values(self) -> dict[str, Any]:
-        names = ("max_tokens", "temperature", "top_p", "top_k", "presence_penalty", "frequency_penalty", "penalty_decay")
-        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
 
 
 class EmbeddingsRequest(_Body):
