@@ -75,6 +75,7 @@ class DecodeGraphRunner:
             first_rows=rows,
             last_rows=rows,
             lengths=(1,) * size,
+            single_token=True,
         )
         # Warm up on a side stream (cuBLAS workspaces, lazy inits) before capturing; every row
         # points at the scratch slot, whose contents are garbage by design.

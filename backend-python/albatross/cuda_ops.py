@@ -57,9 +57,11 @@ def wkv7_cuda(
     v: torch.Tensor,
     a: torch.Tensor,
     b: torch.Tensor,
+    single_token: bool = False,
 ) -> torch.Tensor:
-    """The WKV op of docs/architecture.md on the GPU (state fp32, fp16 or bf16; updated in place)."""
-    return torch.ops.albatross.wkv7(state, slot_idx, cu_seqlens, r, w, k, v, a, b)
+    """The WKV op of docs/architecture.md on the GPU (state fp32, fp16 or bf16; updated in place).
+    `single_token` (one row per slot) selects the decode kernel."""
+    return torch.ops.albatross.wkv7(state, slot_idx, cu_seqlens, r, w, k, v, a, b, single_token)
 
 
 def add_layer_norm_cuda(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:

@@ -277,7 +277,7 @@ class RWKV7:
             assert layer.v0 is not None and layer.v1 is not None and layer.v2 is not None
             v_lora = torch.mm(torch.mm(xv, layer.v1), layer.v2)
             w, a, b = ops.wkv_prep(k, v, w_lora, a_lora, v_lora, v_first, layer.w0, layer.a0, layer.v0, layer.k_k, layer.k_a)
-        y = ops.wkv7(wkv_state, batch.slot_idx_i32, batch.cu_seqlens, r, w, k, v, a, b)
+        y = ops.wkv7(wkv_state, batch.slot_idx_i32, batch.cu_seqlens, r, w, k, v, a, b, batch.single_token)
         y = ops.gn_bonus_gate(y, r, k, v, g, layer.r_k, layer.ln_x_weight, layer.ln_x_bias)
         return torch.mm(y, layer.output), v_first
 

@@ -39,6 +39,7 @@ class FlatBatch:
     first_rows: torch.Tensor
     last_rows: torch.Tensor
     lengths: tuple[int, ...]
+    single_token: bool = False  # every slot has exactly one row (a decode step): the WKV op's fast path
 
     @classmethod
     def build(cls, slots: list[int], lengths: list[int], device: torch.device) -> FlatBatch:
@@ -55,6 +56,7 @@ class FlatBatch:
             first_rows=host[1],
             last_rows=host[2],
             lengths=tuple(lengths),
+            single_token=all(n == 1 for n in lengths),
         )
 
 
@@ -72,9 +74,11 @@ def wkv7_torch(
     v: torch.Tensor,
     a: torch.Tensor,
     b: torch.Tensor,
+    single_token: bool = False,
 ) -> torch.Tensor:
     """The RWKV-7 recurrence (docs/architecture.md, "WKV op"), per token and head:
     `S = S * exp(-exp(w))[None, :] + (S @ a) b^T + v k^T`, `y = S @ r`, in fp32.
+    (`single_token` is the caller's promise of one row per slot, which only the CUDA op uses.)
 
     Slots are sorted by length, longest first, so at step t the slots still running are a prefix
     of the sorted list: one batched update per step covers every slot, and a decode-only call
@@ -288,8 +292,11 @@ def wkv7(
     v: torch.Tensor,
     a: torch.Tensor,
     b: torch.Tensor,
+    single_token: bool = False,
 ) -> torch.Tensor:
-    return _pick("wkv7", state)(state, slot_idx, cu_seqlens, r, w, k, v, a, b)
+    """`single_token`: every slot has exactly one row (row s is slot s's token), so the CUDA op
+    can take its decode kernel; the result is bit-identical to the general kernel's."""
+    return _pick("wkv7", state)(state, slot_idx, cu_seqlens, r, w, k, v, a, b, single_token)
 
 
 def token_shift(x: torch.Tensor, shift_state: torch.Tensor, batch: FlatBatch) -> torch.Tensor:

@@ -6,7 +6,8 @@ relative difference of the output to the torch twin on the same fresh inputs.
     python bench/bench_wkv.py --batches 1,64,256,960 --prefill 1x4096,8x512,64x512 --json out/wkv.json
 
 The kernel is loaded as the server loads it (prebuilt when the manifest matches the sources, else a
-JIT build). Times are of eager launches, CUDA events around --iters calls.
+JIT build). Times are of eager launches, CUDA events around --iters calls. Decode rows are timed
+with the decode kernel (`single_token`) and again with the general kernel ("decode, general").
 """
 
 from __future__ import annotations
@@ -51,27 +52,32 @@ def _inputs(rows: int, heads: int, dtype: torch.dtype, gen: torch.Generator) -> 
     return [x.to(dtype) for x in (r, w, k, v, -kk, kk * gate)]
 
 
-def bench(slots: int, length: int, heads: int, state_dtype: torch.dtype, act_dtype: torch.dtype, iters: int) -> Result:
+def bench(
+    slots: int, length: int, heads: int, state_dtype: torch.dtype, act_dtype: torch.dtype, iters: int, general: bool = False
+) -> Result:
+    """One case; decode (length 1) takes the decode kernel unless `general`."""
+    single = length == 1 and not general
     gen = torch.Generator(device="cuda").manual_seed(slots * length)
     state = (torch.randn(slots, heads, N, N, generator=gen, device="cuda") * 0.1).to(state_dtype)
     slot_idx = torch.randperm(slots, generator=gen, device="cuda").to(torch.int32)  # unsorted, as in serving
     cu = torch.arange(0, slots * length + 1, length, dtype=torch.int32, device="cuda")
     inputs = _inputs(slots * length, heads, act_dtype, gen)
     expected = ops.wkv7_torch(state.clone(), slot_idx, cu, *inputs).double()
-    got = cuda_ops.wkv7_cuda(state.clone(), slot_idx, cu, *inputs).double()
+    got = cuda_ops.wkv7_cuda(state.clone(), slot_idx, cu, *inputs, single_token=single).double()
     diff = ((got - expected).norm() / expected.norm().clamp_min(1e-30)).item()
-    cuda_ops.wkv7_cuda(state, slot_idx, cu, *inputs)  # warm-up
+    cuda_ops.wkv7_cuda(state, slot_idx, cu, *inputs, single_token=single)  # warm-up
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(iters):
-        cuda_ops.wkv7_cuda(state, slot_idx, cu, *inputs)
+        cuda_ops.wkv7_cuda(state, slot_idx, cu, *inputs, single_token=single)
     end.record()
     end.synchronize()
     seconds = start.elapsed_time(end) / 1000 / iters
     state_name = next(name for name, dtype in DTYPES.items() if dtype == state_dtype)
     if length == 1:
         traffic = 2 * state.numel() * state.element_size() + 7 * inputs[0].numel() * inputs[0].element_size()
-        return Result("decode", state_name, slots, slots, 1e6 * seconds, traffic / seconds / 1e12, diff)
+        case = "decode, general" if general else "decode"
+        return Result(case, state_name, slots, slots, 1e6 * seconds, traffic / seconds / 1e12, diff)
     return Result(f"prefill {slots}x{length}", state_name, slots, slots * length, 1e6 * seconds, slots * length / seconds / 1e6, diff)
 
 
@@ -92,13 +98,14 @@ def main(argv: list[str] | None = None) -> None:
         raise SystemExit(f"the WKV kernel did not load: {loaded.describe()}")
     print(loaded.describe(), flush=True)
 
-    cases = [(int(b), 1) for b in args.batches.split(",") if b]
-    cases += [tuple(int(n) for n in spec.split("x")) for spec in args.prefill.split(",") if spec]  # type: ignore[misc]
+    decode = [int(b) for b in args.batches.split(",") if b]
+    cases = [(b, 1, False) for b in decode] + [(b, 1, True) for b in decode]  # decode kernel, then the general one
+    cases += [(*(int(n) for n in spec.split("x")), False) for spec in args.prefill.split(",") if spec]  # type: ignore[misc]
     results: list[Result] = []
     for state_name in args.state_dtypes.split(","):
-        for slots, length in cases:
+        for slots, length, general in cases:
             iters = args.iters if length == 1 else max(3, args.iters // 10)
-            result = bench(slots, length, args.heads, DTYPES[state_name], DTYPES[args.act_dtype], iters)
+            result = bench(slots, length, args.heads, DTYPES[state_name], DTYPES[args.act_dtype], iters, general)
             results.append(result)
             print(asdict(result), flush=True)
             torch.cuda.empty_cache()

@@ -37,7 +37,8 @@ from albatross import cuda_ops  # noqa: E402
 from albatross.model import RWKV7  # noqa: E402
 from albatross.random_checkpoint import random_state_dict  # noqa: E402
 from albatross_engine.adapter import AlbatrossRWKV, parse_random_spec  # noqa: E402
-from timeline import print_timeline, timeline_point  # noqa: E402  (bench/ is the script's folder)
+from step_profile import StepProfiler  # noqa: E402  (bench/ is the script's folder)
+from timeline import print_timeline, timeline_point  # noqa: E402
 from runner.interface import GenerationRequest, SamplingParams  # noqa: E402
 
 
@@ -64,6 +65,7 @@ class Summary:
     device: str
     model: str
     timeline: list[dict[str, float]] = field(default_factory=list)
+    step_profile: dict[str, object] = field(default_factory=dict)
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -165,6 +167,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--state-dtype", choices=("fp32", "fp16", "bf16"), help="default: the engine's (fp16 on cuda, fp32 on cpu)")
     parser.add_argument("--timeline-interval", type=float, default=0.25, help="seconds between engine-counter samples")
+    parser.add_argument("--step-profile", action="store_true", help="CUDA events around every step: device time by step kind, GPU idle between steps")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(name)s %(levelname)s %(message)s")
@@ -172,9 +175,13 @@ def main(argv: list[str] | None = None) -> None:
     backend = build_backend(args)
     try:
         warm_up(backend)
+        profiler = None
+        if args.step_profile and str(backend.status().get("device", "")).startswith("cuda"):
+            profiler = StepProfiler(backend.core.workers[0].device_step)
         timeline: list[dict[str, float]] = []
         timings, wall = asyncio.run(run(backend, args, timeline))
         engine = backend.status()
+        step_profile = profiler.report() if profiler is not None else {}
     finally:
         backend.shutdown()
 
@@ -199,6 +206,7 @@ def main(argv: list[str] | None = None) -> None:
         device=device,
         model=args.model or f"random:{args.shape}",
         timeline=timeline,
+        step_profile=step_profile,
     )  # fmt: skip
 
     print(f"\n{summary.model} on {summary.device} | torch {torch.__version__} | python {platform.python_version()}")

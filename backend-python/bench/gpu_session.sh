@@ -3,6 +3,8 @@
 # loader takes the fresh binaries from manifest.json without compiling, run the CUDA tests, time
 # the model. Everything worth keeping lands in $OUT (at most 8 files).
 #   bash backend-python/bench/gpu_session.sh            (from the repository root)
+# Knobs: BUILD=0 (use the committed binaries), KERNELS=wkv7,... (build only these), TEST_FILES,
+# WKV_BENCH=0, MODEL_BENCH=0, BENCH_ARGS / BENCH_TIMEOUT (bench_model.py).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out}
@@ -37,11 +39,14 @@ import os; print('JIT cache created:', os.path.exists('/tmp/albatross-empty-cach
 } 2>&1 | tee "$log"
 
 echo "== tests" | tee -a "$log"
-(cd backend-python && timeout 240 $PY -m pytest tests/test_kernel_loader.py tests/test_cuda_kernels.py tests/test_fused_kernels.py tests/test_model_cuda.py tests/test_state_cache.py tests/test_engine_cuda.py \
+TEST_FILES=${TEST_FILES:-tests/test_kernel_loader.py tests/test_cuda_kernels.py tests/test_fused_kernels.py tests/test_model_cuda.py tests/test_state_cache.py tests/test_engine_cuda.py}
+(cd backend-python && timeout 240 $PY -m pytest $TEST_FILES \
   -q -n 4 -p no:cacheprovider --durations=5 2>&1) | tee "$OUT/tests.log" | tail -25 | tee -a "$log"
 
 echo "== bench" | tee -a "$log"
 if [ "${WKV_BENCH:-1}" = 1 ]; then
   (cd backend-python && timeout 120 $PY bench/bench_wkv.py --json "$OUT/bench_wkv.json" 2>&1) | tee -a "$OUT/bench.log" | tail -22
 fi
-(cd backend-python && timeout "${BENCH_TIMEOUT:-270}" $PY bench/bench_model.py ${BENCH_ARGS:-} --json "$OUT/bench_model.json" 2>&1) | tee -a "$OUT/bench.log" | tail -30
+if [ "${MODEL_BENCH:-1}" = 1 ]; then
+  (cd backend-python && timeout "${BENCH_TIMEOUT:-270}" $PY bench/bench_model.py ${BENCH_ARGS:-} --json "$OUT/bench_model.json" 2>&1) | tee -a "$OUT/bench.log" | tail -30
+fi

@@ -103,6 +103,56 @@ def test_wkv7_kernel_matches_torch_twin(
     assert torch.equal(actual_state[untouched], state[untouched]), "slots outside slot_idx were modified"
 
 
+DECODE_DTYPES = [
+    (torch.float32, torch.float32),
+    (torch.float16, torch.float32),
+    (torch.float16, torch.float16),
+    (torch.bfloat16, torch.bfloat16),
+    (torch.float16, torch.bfloat16),
+]
+
+
+@pytest.mark.parametrize("slots", [1, 7, 333, 960])
+@pytest.mark.parametrize("act_dtype, state_dtype", DECODE_DTYPES, ids=lambda d: str(d).split(".")[-1])
+def test_wkv7_decode_kernel_is_bit_identical_to_the_general_kernel(
+    slots: int, act_dtype: torch.dtype, state_dtype: torch.dtype
+) -> None:
+    """`single_token=True` runs the decode kernel: same outputs and states, to the bit, as the
+    general kernel on the same one-token rows (so a request does not depend on whether its step
+    also carried prompt chunks), and close to the torch twin."""
+    gen = torch.Generator(device="cuda").manual_seed(slots)
+    heads = 3
+    pool = slots + 4
+    state = (torch.randn(pool, heads, N, N, generator=gen, device="cuda") * 0.3).to(state_dtype)
+    slot_idx = torch.randperm(pool, generator=gen, device="cuda")[:slots].to(torch.int32)
+    cu = torch.arange(slots + 1, dtype=torch.int32, device="cuda")
+    inputs = _wkv_inputs([1] * slots, heads, act_dtype, gen)
+    general_state, decode_state, twin_state = state.clone(), state.clone(), state.clone()
+    general = cuda_ops.wkv7_cuda(general_state, slot_idx, cu, *inputs)
+    _poison_next_allocation((slots, heads * N), act_dtype)
+    decode = cuda_ops.wkv7_cuda(decode_state, slot_idx, cu, *inputs, single_token=True)
+    twin = ops.wkv7_torch(twin_state, slot_idx, cu, *inputs)
+    torch.cuda.synchronize()
+    assert not decode.isnan().any(), "some output rows were never written"
+    assert torch.equal(decode, general)
+    assert torch.equal(decode_state, general_state)  # and slots outside slot_idx untouched, as the general kernel leaves them
+    tolerance = 1e-5 if act_dtype == state_dtype == torch.float32 else 1e-2
+    assert _relative_error(decode, twin) <= tolerance
+    assert _relative_error(decode_state, twin_state) <= tolerance
+
+
+def test_wkv7_decode_kernel_accepts_strided_rows() -> None:
+    gen = torch.Generator(device="cuda").manual_seed(9)
+    inputs = _wkv_inputs([1] * 5, 2, torch.float16, gen)
+    views = [torch.cat([x, torch.randn_like(x)], dim=1)[:, : x.shape[1]] for x in inputs]
+    slots = torch.tensor([4, 0, 2, 1, 3], dtype=torch.int32, device="cuda")
+    cu = torch.arange(6, dtype=torch.int32, device="cuda")
+    state = (torch.randn(5, 2, N, N, generator=gen, device="cuda") * 0.1).half()
+    a, b = state.clone(), state.clone()
+    assert torch.equal(cuda_ops.wkv7_cuda(a, slots, cu, *views, single_token=True),
+                       cuda_ops.wkv7_cuda(b, slots, cu, *inputs, single_token=True))
+
+
 def test_wkv7_chunked_prefill_equals_one_call() -> None:
     gen = torch.Generator(device="cuda").manual_seed(7)
     inputs = _wkv_inputs([50], 2, torch.float32, gen)

@@ -181,6 +181,13 @@ def test_wkv7_keeps_a_16_bit_state_in_its_dtype_and_returns_the_activation_dtype
     assert state.dtype == torch.bfloat16 and y.dtype == torch.float32 and y.shape == (3, 64)
 
 
+def test_flat_batch_marks_decode_steps_for_the_single_token_wkv_path() -> None:
+    cpu = torch.device("cpu")
+    assert ops.FlatBatch.build([3, 0, 5], [1, 1, 1], cpu).single_token
+    assert not ops.FlatBatch.build([3, 0, 5], [1, 4, 1], cpu).single_token
+    assert not ops.FlatBatch.build([2], [7], cpu).single_token
+
+
 def test_registering_an_unknown_op_lists_the_known_ones() -> None:
     with pytest.raises(ValueError, match="known: .*wkv7"):
         ops.register_cuda_ops(wkv8=lambda *args: args[0])

@@ -1,4 +1,5 @@
-// RWKV-7 WKV recurrence over state slots (decode rows and prefill chunks in one launch).
+// RWKV-7 WKV recurrence over state slots (decode rows and prefill chunks in one launch; a launch
+// whose every slot has exactly one token can take the decode kernel instead, see below).
 //
 // One block per (slot, head), one thread per state row (value index i). A thread keeps its row of
 // 64 key entries in registers for the whole chunk, so the two row reductions of a step (S @ a and
@@ -48,6 +49,12 @@ __device__ __forceinline__ void store_tile(state_t* __restrict__ dst, float (*ti
     for (int q = 0; q < VEC; ++q) vals[q] = from_float<state_t>(tile[row][col + q]);
     __stcs(vdst + c, raw);
   }
+}
+
+// One state entry's update, with the rounding fixed by explicit FMAs: both kernels use it, so a
+// decode row gives bit-identical results whichever kernel runs it.
+__device__ __forceinline__ float update(float s, float decay, float sa, float b, float v, float k) {
+  return fmaf(s, decay, fmaf(sa, b, v * k));
 }
 
 template <typename act_t, typename state_t>
@@ -105,10 +112,10 @@ __global__ void __launch_bounds__(N) wkv7_kernel(state_t* __restrict__ state, co
 #pragma unroll
     for (int j = 0; j < N / 4; ++j) {
       const float4 dv = D[j], bv = B[j], kv = K[j], rv = R[j];
-      st[4 * j + 0] = st[4 * j + 0] * dv.x + sav * bv.x + vi * kv.x;
-      st[4 * j + 1] = st[4 * j + 1] * dv.y + sav * bv.y + vi * kv.y;
-      st[4 * j + 2] = st[4 * j + 2] * dv.z + sav * bv.z + vi * kv.z;
-      st[4 * j + 3] = st[4 * j + 3] * dv.w + sav * bv.w + vi * kv.w;
+      st[4 * j + 0] = update(st[4 * j + 0], dv.x, sav, bv.x, vi, kv.x);
+      st[4 * j + 1] = update(st[4 * j + 1], dv.y, sav, bv.y, vi, kv.y);
+      st[4 * j + 2] = update(st[4 * j + 2], dv.z, sav, bv.z, vi, kv.z);
+      st[4 * j + 3] = update(st[4 * j + 3], dv.w, sav, bv.w, vi, kv.w);
       acc[0] = fmaf(st[4 * j + 0], rv.x, acc[0]);
       acc[1] = fmaf(st[4 * j + 1], rv.y, acc[1]);
       acc[2] = fmaf(st[4 * j + 2], rv.z, acc[2]);
@@ -124,9 +131,87 @@ __global__ void __launch_bounds__(N) wkv7_kernel(state_t* __restrict__ state, co
   store_tile(S, tile);
 }
 
+__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
+}
+
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+
+// Decode: one token per slot (row s of the inputs belongs to slot_idx[s]). Bound by the state's
+// traffic, so it is built for bytes in flight: the whole tile is requested at once with cp.async
+// (no registers held while it is in flight), the tile stays in its storage type in shared memory,
+// and a thread keeps only partial sums, not its row, so many blocks fit on an SM. Rows are padded
+// by 16 bytes: thread i reading 16-byte chunk c of its row i then hits distinct banks within each
+// quarter warp. Same arithmetic, in the same order, as wkv7_kernel.
+template <typename act_t, typename state_t>
+__global__ void __launch_bounds__(N, 16) wkv7_decode_kernel(state_t* __restrict__ state, const int* __restrict__ slot_idx,
+                                                        const WkvInputs<act_t> in, act_t* __restrict__ y,
+                                                        const int64_t y_stride, const int H) {
+  constexpr int VEC = 16 / sizeof(state_t);  // state entries per 16-byte chunk
+  constexpr int CHUNKS = N / VEC;            // chunks per row
+  constexpr int ROW = N + VEC;               // padded row length (entries)
+  const int s = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
+  state_t* S = state + ((int64_t)slot_idx[s] * H + h) * (N * N);
+
+  __shared__ __align__(16) state_t tile[N * ROW];
+  __shared__ __align__(16) float vec[5][N];  // r, decay, k, a, b
+
+#pragma unroll
+  for (int q = 0; q < CHUNKS; ++q) {
+    const int c = i + N * q;
+    cp_async16(tile + (c / CHUNKS) * ROW + (c % CHUNKS) * VEC, S + (int64_t)c * VEC);
+  }
+  const int col = h * N + i;
+  float x[6];
+#pragma unroll
+  for (int q = 0; q < 6; ++q) x[q] = to_float(in.ptr[q][(int64_t)s * in.stride[q] + col]);
+  vec[0][i] = x[0];
+  vec[1][i] = expf(-expf(x[1]));
+  vec[2][i] = x[2];
+  vec[3][i] = x[4];
+  vec[4][i] = x[5];
+  const float vi = x[3];
+  cp_async_wait_all();
+  __syncthreads();
+
+  state_t* row = tile + i * ROW;
+  float sa[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 2
+  for (int c = 0; c < CHUNKS; ++c) {
+    const uint4 raw = *reinterpret_cast<const uint4*>(row + c * VEC);
+    const state_t* vals = reinterpret_cast<const state_t*>(&raw);
+#pragma unroll
+    for (int q = 0; q < VEC; ++q) sa[q % 4] = fmaf(to_float(vals[q]), vec[3][c * VEC + q], sa[q % 4]);
+  }
+  const float sav = (sa[0] + sa[1]) + (sa[2] + sa[3]);
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll 2
+  for (int c = 0; c < CHUNKS; ++c) {
+    uint4 raw = *reinterpret_cast<const uint4*>(row + c * VEC);
+    state_t* vals = reinterpret_cast<state_t*>(&raw);
+#pragma unroll
+    for (int q = 0; q < VEC; ++q) {
+      const int j = c * VEC + q;
+      const float next = update(to_float(vals[q]), vec[1][j], sav, vec[4][j], vi, vec[2][j]);
+      acc[q % 4] = fmaf(next, vec[0][j], acc[q % 4]);
+      vals[q] = from_float<state_t>(next);
+    }
+    *reinterpret_cast<uint4*>(row + c * VEC) = raw;  // own row: no other thread reads it before the barrier
+  }
+  y[(int64_t)s * y_stride + col] = from_float<act_t>((acc[0] + acc[1]) + (acc[2] + acc[3]));
+  __syncthreads();
+  uint4* out = reinterpret_cast<uint4*>(S);
+#pragma unroll
+  for (int q = 0; q < CHUNKS; ++q) {
+    const int c = i + N * q;
+    __stcs(out + c, *reinterpret_cast<const uint4*>(tile + (c / CHUNKS) * ROW + (c % CHUNKS) * VEC));
+  }
+}
+
 at::Tensor wkv7_cuda(at::Tensor state, const at::Tensor& slot_idx, const at::Tensor& cu_seqlens, const at::Tensor& r,
                      const at::Tensor& w, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
-                     const at::Tensor& b) {
+                     const at::Tensor& b, bool single_token) {
   check_cuda(state, "state");
   TORCH_CHECK(state.dim() == 4 && state.size(2) == N && state.size(3) == N,
               "state must be [slots, heads, 64, 64], got ", state.sizes());
@@ -148,6 +233,7 @@ at::Tensor wkv7_cuda(at::Tensor state, const at::Tensor& slot_idx, const at::Ten
                   cu_seqlens.is_contiguous(),
               "cu_seqlens must be a contiguous int32 vector of length len(slot_idx) + 1");
   TORCH_CHECK(S <= INT_MAX && H <= 65535, "too many slots or heads for one launch");
+  TORCH_CHECK(!single_token || T == S, "single_token needs one input row per slot, got ", T, " rows for ", S, " slots");
 
   const c10::cuda::CUDAGuard guard(state.device());
   at::Tensor y = at::empty({T, C}, r.options());
@@ -161,9 +247,15 @@ at::Tensor wkv7_cuda(at::Tensor state, const at::Tensor& slot_idx, const at::Ten
         in.ptr[q] = reinterpret_cast<const act_t*>(inputs[q]->data_ptr());
         in.stride[q] = inputs[q]->stride(0);
       }
-      wkv7_kernel<act_t, state_t><<<grid, N, 0, stream>>>(
-          reinterpret_cast<state_t*>(state.data_ptr()), slot_idx.data_ptr<int>(), cu_seqlens.data_ptr<int>(), in,
-          reinterpret_cast<act_t*>(y.data_ptr()), y.stride(0), static_cast<int>(H));
+      if (single_token) {
+        wkv7_decode_kernel<act_t, state_t><<<grid, N, 0, stream>>>(
+            reinterpret_cast<state_t*>(state.data_ptr()), slot_idx.data_ptr<int>(), in,
+            reinterpret_cast<act_t*>(y.data_ptr()), y.stride(0), static_cast<int>(H));
+      } else {
+        wkv7_kernel<act_t, state_t><<<grid, N, 0, stream>>>(
+            reinterpret_cast<state_t*>(state.data_ptr()), slot_idx.data_ptr<int>(), cu_seqlens.data_ptr<int>(), in,
+            reinterpret_cast<act_t*>(y.data_ptr()), y.stride(0), static_cast<int>(H));
+      }
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
   });
@@ -176,7 +268,7 @@ at::Tensor wkv7_cuda(at::Tensor state, const at::Tensor& slot_idx, const at::Ten
 TORCH_LIBRARY_FRAGMENT(albatross, m) {
   m.def(
       "wkv7(Tensor(a!) state, Tensor slot_idx, Tensor cu_seqlens, Tensor r, Tensor w, Tensor k, Tensor v, Tensor a, "
-      "Tensor b) -> Tensor");
+      "Tensor b, bool single_token=False) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(albatross, CUDA, m) { m.impl("wkv7", &albatross::wkv7_cuda); }

@@ -1,0 +1,97 @@
+"""Per-step device timing for the engine benchmark (`engine_benchmark.py --step-profile`).
+
+Wraps one worker's `DeviceStep.issue` with CUDA events recorded on the worker's stream before and
+after the step's work is queued. After the run:
+- a step's device span (start event to end event) is its GPU time, plus any time the GPU waited
+  inside the step for the host to queue more work;
+- the gap between one step's end event and the next step's start event is time the GPU sat idle
+  waiting for the host (sync, input building, admission), which no kernel speed-up can recover.
+
+Steps are grouped by kind (decode-only, or with prompt chunks) and, for the mixed steps, a
+least-squares fit `ms = a + b * prefill_tokens + c * decode_rows` says what a prompt token and a
+riding decode row cost.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from albatross_engine.scheduler import RowKind
+
+
+@dataclass(slots=True)
+class _Step:
+    start: torch.cuda.Event
+    end: torch.cuda.Event
+    host_ms: float  # Python time spent queuing the step
+    decode_rows: int
+    prefill_tokens: int
+    longest_chunk: int
+
+
+class StepProfiler:
+    def __init__(self, device_step: object) -> None:
+        self._steps: list[_Step] = []
+        original = device_step.issue  # type: ignore[attr-defined]
+
+        def issue(plan):  # type: ignore[no-untyped-def]
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            began = time.perf_counter()
+            issued = original(plan)
+            host_ms = 1000 * (time.perf_counter() - began)
+            end.record()
+            chunks = [row.stop - row.start for row in plan.rows if row.kind is RowKind.PREFILL]
+            self._steps.append(_Step(start, end, host_ms, plan.decode_tokens, plan.prefill_tokens, max(chunks, default=0)))
+            return issued
+
+        device_step.issue = issue  # type: ignore[attr-defined]
+
+    def report(self) -> dict[str, object]:
+        """Prints the table and returns its figures (for the benchmark's JSON)."""
+        torch.cuda.synchronize()
+        steps = self._steps
+        if not steps:
+            return {}
+        spans = [s.start.elapsed_time(s.end) for s in steps]
+        gaps = [a.end.elapsed_time(b.start) for a, b in zip(steps, steps[1:])]
+        total = steps[0].start.elapsed_time(steps[-1].end)
+        groups: dict[str, list[int]] = {}
+        for n, s in enumerate(steps):
+            if s.prefill_tokens:
+                key = "mixed"
+            else:
+                size = 1 << max(0, (s.decode_rows - 1).bit_length())  # decode rows rounded up to a power of two
+                key = f"decode <= {size}"
+            groups.setdefault(key, []).append(n)
+        print(f"\nstep profile: {len(steps)} steps, {total / 1000:.2f} s from the first step's start to the last's end; "
+              f"GPU idle between steps {sum(gaps) / 1000:.2f} s")  # fmt: skip
+        print(f"{'kind':>14}{'steps':>7}{'GPU s':>8}{'ms/step':>9}{'gap ms':>8}{'host ms':>9}{'decode rows':>13}{'prefill tok':>13}{'chunk':>7}")
+        table = {}
+        for key in sorted(groups, key=lambda k: (k == "mixed", int(k.split()[-1]) if k != "mixed" else 0)):
+            idx = groups[key]
+            n = len(idx)
+            span = sum(spans[i] for i in idx)
+            gap = sum(gaps[i] for i in idx if i < len(gaps))
+            row = {
+                "steps": n, "gpu_s": span / 1000, "ms_per_step": span / n, "gap_ms": gap / n,
+                "host_ms": sum(steps[i].host_ms for i in idx) / n,
+                "decode_rows": sum(steps[i].decode_rows for i in idx) / n,
+                "prefill_tokens": sum(steps[i].prefill_tokens for i in idx) / n,
+                "longest_chunk": sum(steps[i].longest_chunk for i in idx) / n,
+            }  # fmt: skip
+            table[key] = row
+            print(f"{key:>14}{n:>7}{row['gpu_s']:>8.2f}{row['ms_per_step']:>9.1f}{row['gap_ms']:>8.2f}{row['host_ms']:>9.1f}"
+                  f"{row['decode_rows']:>13.0f}{row['prefill_tokens']:>13.0f}{row['longest_chunk']:>7.0f}")  # fmt: skip
+        mixed = groups.get("mixed", [])
+        fit = None
+        if len(mixed) >= 4:
+            design = torch.tensor([[1.0, steps[i].prefill_tokens, steps[i].decode_rows] for i in mixed], dtype=torch.float64)
+            target = torch.tensor([spans[i] for i in mixed], dtype=torch.float64).unsqueeze(1)
+            coef = torch.linalg.lstsq(design, target).solution.squeeze(1).tolist()
+            fit = {"ms": coef[0], "us_per_prefill_token": 1000 * coef[1], "us_per_decode_row": 1000 * coef[2]}
+            print(f"mixed steps: ms = {coef[0]:.2f} + {1000 * coef[1]:.2f} us * prefill_tokens + {1000 * coef[2]:.2f} us * decode_rows")
+        return {"total_s": total / 1000, "idle_between_steps_s": sum(gaps) / 1000, "groups": table, "mixed_fit": fit}
