@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -200,9 +203,15 @@ def _batch(rows: int, gen: torch.Generator, temperature: list[float], top_p: lis
     )
 
 
-def _penalty_pool(slots: int, vocab: int, gen: torch.Generator) -> sampler.PenaltyPool:
+def _penalty_pool(slots: int, vocab: int, gen: torch.Generator, shape: str = "spread") -> sampler.PenaltyPool:
+    """Random penalties that keep the logits' shape: whole numbers for tied logits, tiny ones for
+    concentrated logits."""
     pool = sampler.PenaltyPool(slots, vocab, device="cuda")
-    pool.penalties.copy_(torch.rand(slots, vocab, generator=gen).cuda() * 2)
+    if shape == "ties":
+        penalties = torch.randint(0, 2, (slots, vocab), generator=gen).float()
+    else:
+        penalties = torch.rand(slots, vocab, generator=gen) * (0.002 if shape == "concentrated" else 2)
+    pool.penalties.copy_(penalties.cuda())
     pool.seen.copy_(torch.rand(slots, vocab, generator=gen).cuda() < 0.01)
     return pool
 
@@ -229,15 +238,25 @@ def _consistent_with_twin(logits: torch.Tensor, pool: sampler.PenaltyPool, slots
     return (kept[token].item() or threshold_edge) and lower - slack <= target <= upper + slack
 
 
-@pytest.mark.parametrize("rows", [1, 7, 64, 333])
-def test_sampler_kernel_matches_torch_twin(rows: int) -> None:
+LOGIT_SHAPES = {
+    "spread": lambda rows, vocab, gen: torch.randn(rows, vocab, generator=gen) * 3,
+    # one histogram bin holds thousands of logits: the fast path refines within the bin
+    "concentrated": lambda rows, vocab, gen: 5 + torch.randn(rows, vocab, generator=gen) * 0.01,
+    # exact ties everywhere: kept sets end on ties, candidates end inside a tie
+    "ties": lambda rows, vocab, gen: torch.randint(0, 6, (rows, vocab), generator=gen).float(),
+}
+
+
+@pytest.mark.parametrize("rows, shape", [(1, "spread"), (7, "spread"), (64, "spread"), (333, "spread"),
+                                         (64, "concentrated"), (64, "ties")])  # fmt: skip
+def test_sampler_kernel_matches_torch_twin(rows: int, shape: str) -> None:
     gen = torch.Generator().manual_seed(rows)
     vocab = 65536
-    logits = (torch.randn(rows, vocab, generator=gen) * 3).cuda()
+    logits = LOGIT_SHAPES[shape](rows, vocab, gen).cuda()
     slots_count = rows + 3
     slots = torch.randperm(slots_count, generator=gen)[:rows].cuda()
     batch = _batch(rows, gen, [0.0, 0.3, 1.0, 1.7], [1.0, 0.95, 0.5, 0.0], [0, 1, 7, 50, 1000])
-    pool = _penalty_pool(slots_count, vocab, gen)
+    pool = _penalty_pool(slots_count, vocab, gen, shape)
     before = _clone_pool(pool)
     twin_pool = _clone_pool(pool)
 
@@ -358,3 +377,50 @@ def test_decode_step_with_sampling_replays_from_a_cuda_graph() -> None:
     assert torch.equal(graph_y, eager_y) and torch.equal(graph_state, eager_state), "WKV replay differs from eager"
     assert torch.equal(graph_ids, eager_ids), "sampler replay differs from eager"
     assert torch.equal(graph_pool.penalties, eager_pool.penalties), "penalty update in replay differs from eager"
+
+
+# ------------------------------------------------------------------------------------------------
+# argument checks
+
+
+_BAD_CALLS = {
+    "wkv7 single_token row count": "cuda_ops.wkv7_cuda(state, slots[:4], cu[:5], *rows, single_token=True)",
+    "wkv7 input shape": "cuda_ops.wkv7_cuda(state, slots, cu, rows[0][:, :64], *rows[1:])",
+    "wkv7 slot_idx on the host": "cuda_ops.wkv7_cuda(state, slots.cpu(), cu, *rows)",
+    "layer norm weight dtype": "torch.ops.albatross.add_layer_norm(rows[0].float(), None, rows[0][0], rows[0][0], 1e-5)",
+    "layer norm shape": "torch.ops.albatross.add_layer_norm(rows[0], None, rows[0][0, :64], rows[0][0, :64], 1e-5)",
+    "sampler logits dtype": "torch.ops.albatross.sample(rows[0], slots.long(), *per_row(5), penalties, seen, True)",
+    "sampler row count": "torch.ops.albatross.sample(rows[0].float(), slots.long()[:4], *per_row(5), penalties, seen, True)",
+}
+_BAD_CALL_SCRIPT = """
+import sys, torch
+from albatross import cuda_ops
+cuda_ops.enable_cuda_kernels()
+rows = [torch.randn(5, 128, device="cuda", dtype=torch.half) for _ in range(6)]
+state = torch.zeros(5, 2, 64, 64, device="cuda", dtype=torch.half)
+slots = torch.arange(5, dtype=torch.int32, device="cuda")
+cu = torch.arange(6, dtype=torch.int32, device="cuda")
+penalties = torch.zeros(5, 128, device="cuda")
+seen = torch.zeros(5, 128, dtype=torch.bool, device="cuda")
+def per_row(n):
+    f, i = torch.zeros(n, device="cuda"), torch.zeros(n, dtype=torch.long, device="cuda")
+    return f, f, i, f, f, f, i, i  # temperature, top_p, top_k, presence, frequency, decay, seed32, step
+try:
+    CALL
+except RuntimeError as error:
+    print("RAISED:", str(error).splitlines()[0])
+    sys.exit(0)
+print("NO ERROR")
+sys.exit(1)
+"""
+
+
+@pytest.mark.parametrize("case", sorted(_BAD_CALLS))
+def test_bad_kernel_arguments_raise_instead_of_crashing(case: str) -> None:
+    """Each call in a child process: a check that crashes takes only the child down."""
+    script = _BAD_CALL_SCRIPT.replace("CALL", _BAD_CALLS[case])
+    child = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120,
+                           cwd=Path(__file__).resolve().parents[1])  # fmt: skip
+    assert child.returncode == 0 and "RAISED:" in child.stdout, (
+        f"rc {child.returncode}: {child.stdout[-300:]} {child.stderr[-600:]}"
+    )

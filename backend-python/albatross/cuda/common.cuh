@@ -1,6 +1,9 @@
 // Shared helpers for the albatross CUDA kernels: dtype conversion and argument checks.
 #pragma once
 
+#include <string>
+#include <type_traits>
+
 #include <ATen/ATen.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAStream.h>
@@ -10,6 +13,35 @@
 #include <torch/library.h>
 
 namespace albatross {
+
+// Argument-check messages are built here rather than by TORCH_CHECK's stream formatting: on the
+// H200 image, every TORCH_CHECK in these libraries whose message streamed an integer (a size, a
+// shape) crashed the process with a segfault instead of raising, while messages of strings,
+// dtypes and a CPU device raised cleanly, and so did torch's own integer messages. Integers and
+// shapes go through std::to_string instead (test_bad_kernel_arguments_raise_instead_of_crashing).
+namespace detail {
+inline void append(std::string& out, const char* text) { out += text; }
+inline void append(std::string& out, const std::string& text) { out += text; }
+inline void append(std::string& out, c10::ScalarType type) { out += c10::toString(type); }
+inline void append(std::string& out, const c10::Device& device) { out += device.str(); }
+inline void append(std::string& out, at::IntArrayRef sizes) {
+  out += "[";
+  for (size_t i = 0; i < sizes.size(); ++i) out += (i ? ", " : "") + std::to_string(sizes[i]);
+  out += "]";
+}
+template <typename T, std::enable_if_t<std::is_integral_v<T>, int> = 0>
+inline void append(std::string& out, T value) { out += std::to_string(value); }
+
+template <typename... Args>
+std::string message(const Args&... args) {
+  std::string out;
+  (append(out, args), ...);
+  return out;
+}
+}  // namespace detail
+
+// TORCH_CHECK with a message from detail::message.
+#define ALBATROSS_CHECK(COND, ...) TORCH_CHECK(COND, ::albatross::detail::message(__VA_ARGS__))
 
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
@@ -33,14 +65,14 @@ template <>
 struct cuda_type<at::BFloat16> { using type = __nv_bfloat16; };
 
 inline void check_cuda(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got ", t.device());
+  ALBATROSS_CHECK(t.is_cuda(), name, " must be a CUDA tensor, got ", t.device());
 }
 
 inline void check_rows(const at::Tensor& t, const char* name, int64_t rows, int64_t cols) {
   check_cuda(t, name);
-  TORCH_CHECK(t.dim() == 2 && t.size(0) == rows && t.size(1) == cols, name, " must be [", rows, ", ", cols,
+  ALBATROSS_CHECK(t.dim() == 2 && t.size(0) == rows && t.size(1) == cols, name, " must be [", rows, ", ", cols,
               "], got ", t.sizes());
-  TORCH_CHECK(t.stride(1) == 1, name, " must have unit stride along its last dimension");
+  ALBATROSS_CHECK(t.stride(1) == 1, name, " must have unit stride along its last dimension");
 }
 
 }  // namespace albatross
@@ -52,6 +84,6 @@ inline void check_rows(const at::Tensor& t, const char* name, int64_t rows, int6
       case at::kFloat: { using NAME = float; return __VA_ARGS__(); }                       \
       case at::kHalf: { using NAME = __half; return __VA_ARGS__(); }                       \
       case at::kBFloat16: { using NAME = __nv_bfloat16; return __VA_ARGS__(); }            \
-      default: TORCH_CHECK(false, WHAT, " must be float32, float16 or bfloat16, got ", DTYPE); \
+      default: ALBATROSS_CHECK(false, WHAT, " must be float32, float16 or bfloat16, got ", DTYPE); \
     }                                                                                      \
   }()

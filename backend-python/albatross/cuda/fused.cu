@@ -320,38 +320,38 @@ __global__ void __launch_bounds__(kThreads) relu_square_kernel(const T* __restri
 
 void check_same(const at::Tensor& t, const at::Tensor& like, const char* name) {
   check_cuda(t, name);
-  TORCH_CHECK(t.scalar_type() == like.scalar_type(), name, " must have dtype ", like.scalar_type(), ", got ",
+  ALBATROSS_CHECK(t.scalar_type() == like.scalar_type(), name, " must have dtype ", like.scalar_type(), ", got ",
               t.scalar_type());
-  TORCH_CHECK(t.device() == like.device(), name, " must be on ", like.device());
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+  ALBATROSS_CHECK(t.device() == like.device(), name, " must be on ", like.device());
+  ALBATROSS_CHECK(t.is_contiguous(), name, " must be contiguous");
 }
 
 void check_vector(const at::Tensor& t, const at::Tensor& like, const char* name, int64_t C) {
   check_same(t, like, name);
-  TORCH_CHECK(t.numel() == C, name, " must have ", C, " elements, got ", t.numel());
+  ALBATROSS_CHECK(t.numel() == C, name, " must have ", C, " elements, got ", t.numel());
 }
 
 void check_matrix(const at::Tensor& t, const at::Tensor& like, const char* name, int64_t rows, int64_t C) {
   check_same(t, like, name);
-  TORCH_CHECK(t.dim() == 2 && t.size(0) == rows && t.size(1) == C, name, " must be [", rows, ", ", C, "], got ",
+  ALBATROSS_CHECK(t.dim() == 2 && t.size(0) == rows && t.size(1) == C, name, " must be [", rows, ", ", C, "], got ",
               t.sizes());
 }
 
 void check_aligned(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name, " must be 16-byte aligned (8-channel vector access)");
+  ALBATROSS_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name, " must be 16-byte aligned (8-channel vector access)");
 }
 
 unsigned row_blocks(int64_t rows) {
-  TORCH_CHECK(rows <= INT_MAX, "too many rows for one launch: ", rows);
+  ALBATROSS_CHECK(rows <= INT_MAX, "too many rows for one launch: ", rows);
   return static_cast<unsigned>(rows);
 }
 
 at::Tensor add_layer_norm_cuda(at::Tensor x, const c10::optional<at::Tensor>& delta, const at::Tensor& weight,
                                const at::Tensor& bias, double eps) {
   check_cuda(x, "x");
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [T, C] matrix, got ", x.sizes());
+  ALBATROSS_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [T, C] matrix, got ", x.sizes());
   const int64_t rows = x.size(0), C = x.size(1);
-  TORCH_CHECK(C <= kThreads * kRowRegs, "add_layer_norm supports C <= ", kThreads * kRowRegs, ", got ", C);
+  ALBATROSS_CHECK(C <= kThreads * kRowRegs, "add_layer_norm supports C <= ", kThreads * kRowRegs, ", got ", C);
   if (delta.has_value()) check_matrix(*delta, x, "delta", rows, C);
   check_vector(weight, x, "weight", C);
   check_vector(bias, x, "bias", C);
@@ -372,25 +372,25 @@ at::Tensor add_layer_norm_cuda(at::Tensor x, const c10::optional<at::Tensor>& de
 at::Tensor shift_mix_cuda(const at::Tensor& x, at::Tensor shift, const at::Tensor& slot_idx,
                           const at::Tensor& cu_seqlens, const at::Tensor& coefficients) {
   check_cuda(x, "x");
-  TORCH_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [T, C] matrix, got ", x.sizes());
+  ALBATROSS_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [T, C] matrix, got ", x.sizes());
   const int64_t rows = x.size(0), C = x.size(1);
   check_cuda(shift, "shift_state");
-  TORCH_CHECK(shift.scalar_type() == x.scalar_type() && shift.dim() == 2 && shift.size(1) == C && shift.stride(1) == 1,
+  ALBATROSS_CHECK(shift.scalar_type() == x.scalar_type() && shift.dim() == 2 && shift.size(1) == C && shift.stride(1) == 1,
               "shift_state must be [B, ", C, "] with unit channel stride and x's dtype, got ", shift.sizes());
   check_same(coefficients, x, "coefficients");
   const bool single = coefficients.dim() == 1;  // one [T, C] mix instead of [K, T, C]
-  TORCH_CHECK((single && coefficients.size(0) == C) || (coefficients.dim() == 2 && coefficients.size(1) == C),
+  ALBATROSS_CHECK((single && coefficients.size(0) == C) || (coefficients.dim() == 2 && coefficients.size(1) == C),
               "coefficients must be [K, ", C, "] or [", C, "], got ", coefficients.sizes());
   check_cuda(slot_idx, "slot_idx");
   check_cuda(cu_seqlens, "cu_seqlens");
-  TORCH_CHECK(slot_idx.scalar_type() == at::kInt && slot_idx.dim() == 1 && slot_idx.is_contiguous(),
+  ALBATROSS_CHECK(slot_idx.scalar_type() == at::kInt && slot_idx.dim() == 1 && slot_idx.is_contiguous(),
               "slot_idx must be a contiguous int32 vector");
   const int64_t S = slot_idx.size(0);
-  TORCH_CHECK(cu_seqlens.scalar_type() == at::kInt && cu_seqlens.dim() == 1 && cu_seqlens.size(0) == S + 1 &&
+  ALBATROSS_CHECK(cu_seqlens.scalar_type() == at::kInt && cu_seqlens.dim() == 1 && cu_seqlens.size(0) == S + 1 &&
                   cu_seqlens.is_contiguous(),
               "cu_seqlens must be a contiguous int32 vector of length len(slot_idx) + 1");
   const int64_t K = single ? 1 : coefficients.size(0);
-  TORCH_CHECK(C % kVec == 0 && shift.stride(0) % kVec == 0, "shift_mix needs C and the shift row stride to be multiples of 8");
+  ALBATROSS_CHECK(C % kVec == 0 && shift.stride(0) % kVec == 0, "shift_mix needs C and the shift row stride to be multiples of 8");
   check_aligned(x, "x");
   check_aligned(shift, "shift_state");
   check_aligned(coefficients, "coefficients");
@@ -415,14 +415,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> wkv_prep_cuda(
     const c10::optional<at::Tensor>& v_lora, const c10::optional<at::Tensor>& v_first, const at::Tensor& w0,
     const at::Tensor& a0, const c10::optional<at::Tensor>& v0, const at::Tensor& k_k, const at::Tensor& k_a) {
   check_cuda(k, "k");
-  TORCH_CHECK(k.dim() == 2 && k.is_contiguous() && k.size(1) % kHead == 0,
+  ALBATROSS_CHECK(k.dim() == 2 && k.is_contiguous() && k.size(1) % kHead == 0,
               "k must be a contiguous [T, H * 64] matrix, got ", k.sizes());
   const int64_t rows = k.size(0), C = k.size(1), H = C / kHead;
   check_matrix(v, k, "v", rows, C);
   check_matrix(w_lora, k, "w_lora", rows, C);
   check_matrix(a_lora, k, "a_lora", rows, C);
   const bool residual = v_lora.has_value();
-  TORCH_CHECK(residual == v_first.has_value() && residual == v0.has_value(),
+  ALBATROSS_CHECK(residual == v_first.has_value() && residual == v0.has_value(),
               "v_lora, v_first and v0 must be given together (value residual) or all omitted (layer 0)");
   if (residual) {
     check_matrix(*v_lora, k, "v_lora", rows, C);
@@ -471,7 +471,7 @@ at::Tensor gn_bonus_gate_cuda(const at::Tensor& y, const at::Tensor& r, const at
                               const at::Tensor& g, const at::Tensor& r_k, const at::Tensor& weight,
                               const at::Tensor& bias, double eps) {
   check_cuda(y, "y");
-  TORCH_CHECK(y.dim() == 2 && y.is_contiguous() && y.size(1) % kHead == 0,
+  ALBATROSS_CHECK(y.dim() == 2 && y.is_contiguous() && y.size(1) % kHead == 0,
               "y must be a contiguous [T, H * 64] matrix, got ", y.sizes());
   const int64_t rows = y.size(0), C = y.size(1), H = C / kHead;
   check_matrix(r, y, "r", rows, C);
@@ -500,7 +500,7 @@ at::Tensor gn_bonus_gate_cuda(const at::Tensor& y, const at::Tensor& r, const at
 
 at::Tensor relu_square_cuda(const at::Tensor& x) {
   check_cuda(x, "x");
-  TORCH_CHECK(x.is_contiguous(), "x must be contiguous");
+  ALBATROSS_CHECK(x.is_contiguous(), "x must be contiguous");
   const c10::cuda::CUDAGuard guard(x.device());
   at::Tensor out = at::empty_like(x);
   const int64_t n = x.numel();

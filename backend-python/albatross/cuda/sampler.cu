@@ -227,6 +227,192 @@ __device__ bool top_p_from_candidates(const Row& row, float floor, float top_p, 
   return true;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Fast path for a filtered row (top_k <= 1024, or top_p alone): the candidates are found from a
+// histogram of the logits' order keys built in the first pass, so a row is read three times
+// (max/sum/histogram, collection, penalty decay) instead of nine. The kept set and the draw are
+// those of the exact path: thresholds come from the sorted candidates, and the draw walks the
+// kept candidates in id order. Whenever that cannot be decided from the candidates alone (too
+// many ties in one histogram bin, top_p undecided, or a kept set that may reach past the
+// candidates), the row takes the exact path.
+
+constexpr int FAST_CAP = 2 * THREADS;  // candidates held in shared memory (two per thread)
+constexpr int BINS = 2048;             // 11 bits of the order key per histogram level
+
+__device__ __forceinline__ uint32_t order_key(float l) {  // larger float, larger key
+  const uint32_t b = __float_as_uint(l);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+struct FastShared {
+  float p[FAST_CAP];
+  int id[FAST_CAP];
+  union {
+    int hist[BINS];
+    float cum[FAST_CAP];  // inclusive prefix sums of the sorted candidates' p
+  };
+  int count;
+  int bin;
+  int above;  // elements in the bins above `bin`
+  int first;
+  int pick;
+  int last;
+  int use_fast;  // the first pass built the histogram
+};
+
+// The bin holding the k-th largest key, counting from the top, and how many lie above it (warp 0;
+// the result is published in shared memory). With fewer than k in all, bin 0.
+__device__ void find_bin(FastShared& f, int k) {
+  const int lane = threadIdx.x & 31;
+  if (threadIdx.x < 32) {
+    constexpr int PER = BINS / 32;
+    const int hi = BINS - 1 - PER * lane;  // this lane's bins, highest first
+    int mine = 0;
+    for (int q = 0; q < PER; ++q) mine += f.hist[hi - q];
+    int incl = mine;
+#pragma unroll
+    for (int o = 1; o < 32; o <<= 1) {
+      const int other = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += other;
+    }
+    const unsigned reached = __ballot_sync(0xffffffffu, incl >= k);
+    if (reached == 0u) {
+      if (lane == 31) { f.bin = 0; f.above = incl - f.hist[0]; }
+    } else if (lane == __ffs(reached) - 1) {
+      int cumulative = incl - mine;
+      for (int q = 0; q < PER; ++q) {
+        const int c = f.hist[hi - q];
+        if (cumulative + c >= k) { f.bin = hi - q; f.above = cumulative; break; }
+        cumulative += c;
+      }
+    }
+  }
+  __syncthreads();
+}
+
+enum FastResult { FAST_NONE = 0, FAST_TOKEN = 1, FAST_THRESHOLD = 2 };
+
+// Tries the fast path for a row whose histogram of top-11-bit order keys is in f.hist. Returns
+// FAST_TOKEN (token written), FAST_THRESHOLD (*threshold set: draw over the whole row), or FAST_NONE.
+__device__ FastResult fast_sample(const Row& row, FastShared& f, int k_c, int64_t top_k, float top_p, int64_t seed32,
+                                  int64_t step, float* threshold_out, int64_t* token) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  __shared__ float warp_sums[WARPS];
+  find_bin(f, k_c);
+  const int bin = f.bin, above = f.above;
+  int sub_bin = -1;  // -1: take the whole bin
+  if (above + f.hist[bin] > FAST_CAP) {
+    // Too many in one bin: histogram the next 11 bits of that bin's keys.
+    __syncthreads();
+    for (int b = tid; b < BINS; b += THREADS) f.hist[b] = 0;
+    __syncthreads();
+    for (int e = tid; e < row.vocab; e += THREADS) {
+      const uint32_t key = order_key(row.adjusted(e));
+      if (static_cast<int>(key >> 21) == bin) atomicAdd(&f.hist[(key >> 10) & (BINS - 1)], 1);
+    }
+    __syncthreads();
+    find_bin(f, k_c - above);
+    sub_bin = f.bin;
+    if (above + f.above + f.hist[sub_bin] > FAST_CAP) return FAST_NONE;  // ties beyond 22 bits: rare
+  }
+  if (tid == 0) f.count = 0;
+  __syncthreads();
+  for (int e = tid; e < row.vocab; e += THREADS) {
+    const float l = row.adjusted(e);
+    const uint32_t key = order_key(l);
+    const int top = static_cast<int>(key >> 21);
+    if (top > bin || (top == bin && (sub_bin < 0 || static_cast<int>((key >> 10) & (BINS - 1)) >= sub_bin))) {
+      const int at = atomicAdd(&f.count, 1);
+      f.p[at] = expf(l / row.temperature - row.mx) / row.sum;  // = row.prob(e)
+      f.id[at] = e;
+    }
+  }
+  __syncthreads();
+  const int n = f.count;
+  int size = 1;
+  while (size < n) size <<= 1;
+  for (int i = tid; i < size; i += THREADS)
+    if (i >= n) { f.p[i] = -1.f; f.id[i] = INT_MAX; }  // padding sorts last
+  __syncthreads();
+  // Bitonic sort: p descending, id ascending (deterministic whatever the collection order).
+  for (int k = 2; k <= size; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = tid; i < size; i += THREADS) {
+        const int other = i ^ j;
+        if (other > i) {
+          const float pa = f.p[i], pb = f.p[other];
+          const int ia = f.id[i], ib = f.id[other];
+          const bool other_first = pb > pa || (pb == pa && ib < ia);
+          if (other_first == ((i & k) == 0)) {
+            f.p[i] = pb; f.p[other] = pa;
+            f.id[i] = ib; f.id[other] = ia;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  // Inclusive prefix sums in sorted order (each thread two neighbours, then a block scan).
+  const int i0 = 2 * tid, i1 = 2 * tid + 1;
+  const float a0 = i0 < n ? f.p[i0] : 0.f, a1 = i1 < n ? f.p[i1] : 0.f;
+  float incl = a0 + a1;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const float other = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += other;
+  }
+  if (lane == 31) warp_sums[warp] = incl;
+  __syncthreads();  // the histogram is no longer read: `cum` may overwrite it
+  float offset = 0.f;
+  for (int w = 0; w < warp; ++w) offset += warp_sums[w];
+  const float before = offset + incl - (a0 + a1);
+  if (i0 < n) f.cum[i0] = before + a0;
+  if (i1 < n) f.cum[i1] = before + a0 + a1;
+  if (tid == 0) { f.first = INT_MAX; f.pick = INT_MAX; f.last = -1; }
+  __syncthreads();
+
+  const bool use_k = top_k > 0 && top_k < row.vocab;
+  float threshold = use_k ? f.p[top_k - 1] : 0.f;  // n >= k_c = top_k: the k-th largest p
+  if (top_p < 1.f) {
+    for (int i = tid; i < n; i += THREADS)
+      if (f.cum[i] >= top_p) atomicMin(&f.first, i);
+    __syncthreads();
+    if (f.first != INT_MAX) threshold = fmaxf(threshold, f.p[f.first]);
+    else if (!use_k) return FAST_NONE;  // the candidates hold less than top_p: the exact walk decides
+  }
+  // Kept: the sorted prefix with p >= threshold. If it reaches the last candidate, tokens outside
+  // the candidates may tie with it: draw over the whole row instead.
+  for (int i = tid; i < n; i += THREADS) {
+    const bool kept = f.p[i] >= threshold && (i + 1 == n || f.p[i + 1] < threshold);
+    if (kept) f.last = i;  // exactly one thread: the end of the kept prefix
+  }
+  __syncthreads();
+  const int m = f.last + 1;
+  if (m == n || threshold <= 0.f) {
+    *threshold_out = threshold;
+    return FAST_THRESHOLD;
+  }
+  const float total = f.cum[m - 1];
+  const float target = uniform01(seed32, step) * total;
+  // The first kept token in id order whose cumulative mass (in id order) reaches the target.
+  for (int i = tid; i < m; i += THREADS) {
+    const int mine = f.id[i];
+    float cumulative = 0.f;
+    for (int j = 0; j < m; ++j) cumulative += f.id[j] <= mine ? f.p[j] : 0.f;
+    if (cumulative >= target) atomicMin(&f.pick, mine);
+  }
+  __syncthreads();
+  if (tid == 0) {
+    int pick = f.pick;
+    if (pick == INT_MAX) {  // rounding between the two summations: the last kept id
+      for (int j = 0; j < m; ++j) pick = j == 0 ? f.id[0] : max(pick, f.id[j]);
+    }
+    *token = pick;
+  }
+  __syncthreads();
+  return FAST_TOKEN;
+}
+
 __global__ void __launch_bounds__(THREADS) sample_kernel(const float* __restrict__ logits, const int64_t logits_stride,
                                                          const int64_t* __restrict__ slots, const RowParams params,
                                                          float* __restrict__ penalties, bool* __restrict__ seen,
@@ -243,19 +429,43 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(const float* __restrict
   __shared__ int warp_best_id[WARPS];
   __shared__ int chosen_thread;
   __shared__ int64_t token;
-  __shared__ Candidates candidates;
+  __shared__ union {
+    Candidates exact;
+    FastShared fast;
+  } shared;
+  Candidates& candidates = shared.exact;
+  FastShared& fast = shared.fast;
 
   Row row;
   row.logits = logits + row_index * logits_stride;
   row.penalty = penalties + slot * vocab;
   row.vocab = vocab;
+  const float temperature = params.temperature[row_index];
+  const int64_t top_k = params.top_k[row_index];
+  const float top_p = params.top_p[row_index];
+  const bool use_k = top_k > 0 && top_k < vocab;
+  // The fast path's candidate count: the top-k set, or (top_p alone) the 1024 largest.
+  const int k_c = temperature > 0.f ? (use_k ? (top_k <= 1024 ? static_cast<int>(top_k) : 0) : (top_p < 1.f ? 1024 : 0)) : 0;
+  if (k_c > 0) {
+    for (int b = tid; b < BINS; b += THREADS) fast.hist[b] = 0;
+    __syncthreads();
+  }
 
-  // Pass 1: max of l and its lowest id (strided ownership: each thread sees ids in ascending order).
+  // Pass 1: max of l and its lowest id (strided ownership: each thread sees ids in ascending
+  // order); for a sampled row also the softmax sum of l / T (online: rescaled when the max
+  // grows) and, for the fast path, the histogram of the top 11 bits of l's order key.
   float best = -INFINITY;
   int best_id = INT_MAX;
+  float m = -INFINITY, s = 0.f;
   for (int e = tid; e < vocab; e += THREADS) {
     const float l = row.adjusted(e);
     if (l > best) { best = l; best_id = e; }
+    if (temperature > 0.f) {
+      const float x = l / temperature;
+      if (x > m) { s = s * expf(m - x) + 1.f; m = x; }
+      else if (x > -INFINITY) s += expf(x - m);
+      if (k_c > 0) atomicAdd(&fast.hist[order_key(l) >> 21], 1);
+    }
   }
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
@@ -274,38 +484,38 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(const float* __restrict
     warp_best_id[0] = id == INT_MAX ? 0 : id;
   }
   __syncthreads();
-  const float temperature = params.temperature[row_index];
 
   if (temperature <= 0.f) {
     if (tid == 0) token = warp_best_id[0];
   } else {
     row.temperature = temperature;
     row.mx = warp_best[0] / temperature;  // rounding is monotone, so this is the max of l / T
-    row.sum = 1.f;
-    float partial = 0.f;
-    for (int e = tid; e < vocab; e += THREADS) partial += expf(row.adjusted(e) / temperature - row.mx);
-    row.sum = block_sum(partial, scratch);
+    row.sum = block_sum(m > -INFINITY ? s * expf(m - row.mx) : 0.f, scratch);
 
     float threshold = 0.f;
-    const int64_t top_k = params.top_k[row_index];
-    const bool use_k = top_k > 0 && top_k < vocab;
-    if (use_k) threshold = kth_largest(row, static_cast<int>(top_k), hist, shared_int);
-    const float top_p = params.top_p[row_index];
-    if (top_p < 1.f) {
-      // Candidates: the top-k set itself when it is small enough, else the CANDIDATES largest p.
-      const bool k_floor = use_k && top_k <= CANDIDATES;
-      const float floor = k_floor ? threshold
-                          : vocab > CANDIDATES ? kth_largest(row, CANDIDATES, hist, shared_int) : 0.f;
-      float t_p = 0.f;
-      if (top_p_from_candidates(row, floor, top_p, candidates, &t_p)) {
-        threshold = fmaxf(threshold, t_p);
-      } else if (!k_floor || candidates.count > CANDIDATES) {
-        // Undecided among the candidates. (With the top-k set as candidates and their mass below
-        // top_p, t_p lies below the top-k threshold and changes nothing.)
-        threshold = fmaxf(threshold, top_p_threshold(row, top_p, bin_mass, mass16, shared_f, shared_int));
+    FastResult fast_result = FAST_NONE;
+    if (k_c > 0 && row.mx > -INFINITY)
+      fast_result = fast_sample(row, fast, k_c, top_k, top_p, params.seed32[row_index], params.step[row_index], &threshold, &token);
+    __syncthreads();
+    if (fast_result == FAST_NONE) {
+      threshold = 0.f;
+      if (use_k) threshold = kth_largest(row, static_cast<int>(top_k), hist, shared_int);
+      if (top_p < 1.f) {
+        // Candidates: the top-k set itself when it is small enough, else the CANDIDATES largest p.
+        const bool k_floor = use_k && top_k <= CANDIDATES;
+        const float floor = k_floor ? threshold
+                            : vocab > CANDIDATES ? kth_largest(row, CANDIDATES, hist, shared_int) : 0.f;
+        float t_p = 0.f;
+        if (top_p_from_candidates(row, floor, top_p, candidates, &t_p)) {
+          threshold = fmaxf(threshold, t_p);
+        } else if (!k_floor || candidates.count > CANDIDATES) {
+          // Undecided among the candidates. (With the top-k set as candidates and their mass below
+          // top_p, t_p lies below the top-k threshold and changes nothing.)
+          threshold = fmaxf(threshold, top_p_threshold(row, top_p, bin_mass, mass16, shared_f, shared_int));
+        }
       }
     }
-
+    if (fast_result != FAST_TOKEN) {
     // Kept mass of this thread's contiguous id range, then an exclusive scan over threads.
     const int per = (vocab + THREADS - 1) / THREADS;
     const int lo = min(tid * per, vocab), hi = min(lo + per, vocab);
@@ -353,6 +563,7 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(const float* __restrict
       token = pick >= 0 ? pick : last_kept;  // rounding between the two summations: stay in range
     }
     if (tid == 0 && chosen_thread == INT_MAX) token = warp_best_id[0];  // no positive mass at all
+    }
   }
   __syncthreads();
 
@@ -376,16 +587,16 @@ at::Tensor sample_cuda(const at::Tensor& logits, const at::Tensor& slots, const 
                        const at::Tensor& frequency, const at::Tensor& decay, const at::Tensor& seed32,
                        const at::Tensor& step, at::Tensor penalties, at::Tensor seen, bool update_penalties) {
   check_cuda(logits, "logits");
-  TORCH_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.stride(1) == 1,
+  ALBATROSS_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.stride(1) == 1,
               "logits must be float32 [rows, vocab] with unit stride along vocab");
   const int64_t R = logits.size(0), V = logits.size(1);
-  TORCH_CHECK(V > 0 && V <= INT_MAX / 2, "vocab size out of range");
+  ALBATROSS_CHECK(V > 0 && V <= INT_MAX / 2, "vocab size out of range");
   check_cuda(penalties, "penalties");
   check_cuda(seen, "seen");
-  TORCH_CHECK(penalties.dim() == 2 && penalties.size(1) == V && penalties.scalar_type() == at::kFloat &&
+  ALBATROSS_CHECK(penalties.dim() == 2 && penalties.size(1) == V && penalties.scalar_type() == at::kFloat &&
                   penalties.is_contiguous(),
               "penalties must be contiguous float32 [slots, vocab]");
-  TORCH_CHECK(seen.sizes() == penalties.sizes() && seen.scalar_type() == at::kBool && seen.is_contiguous(),
+  ALBATROSS_CHECK(seen.sizes() == penalties.sizes() && seen.scalar_type() == at::kBool && seen.is_contiguous(),
               "seen must be contiguous bool with the penalties' shape");
   const std::pair<const at::Tensor*, at::ScalarType> columns[9] = {
       {&slots, at::kLong},     {&temperature, at::kFloat}, {&top_p, at::kFloat},
@@ -395,7 +606,7 @@ at::Tensor sample_cuda(const at::Tensor& logits, const at::Tensor& slots, const 
   for (int q = 0; q < 9; ++q) {
     const at::Tensor& t = *columns[q].first;
     check_cuda(t, names[q]);
-    TORCH_CHECK(t.dim() == 1 && t.size(0) == R && t.is_contiguous() && t.scalar_type() == columns[q].second, names[q],
+    ALBATROSS_CHECK(t.dim() == 1 && t.size(0) == R && t.is_contiguous() && t.scalar_type() == columns[q].second, names[q],
                 " must be a contiguous ", columns[q].second, " vector of length ", R);
   }
   const c10::cuda::CUDAGuard guard(logits.device());

@@ -213,27 +213,27 @@ at::Tensor wkv7_cuda(at::Tensor state, const at::Tensor& slot_idx, const at::Ten
                      const at::Tensor& w, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
                      const at::Tensor& b, bool single_token) {
   check_cuda(state, "state");
-  TORCH_CHECK(state.dim() == 4 && state.size(2) == N && state.size(3) == N,
+  ALBATROSS_CHECK(state.dim() == 4 && state.size(2) == N && state.size(3) == N,
               "state must be [slots, heads, 64, 64], got ", state.sizes());
-  TORCH_CHECK(state.is_contiguous(), "state must be contiguous");
+  ALBATROSS_CHECK(state.is_contiguous(), "state must be contiguous");
   const int64_t H = state.size(1), C = H * N, T = r.size(0);
   const at::Tensor* inputs[6] = {&r, &w, &k, &v, &a, &b};
   const char* names[6] = {"r", "w", "k", "v", "a", "b"};
   for (int q = 0; q < 6; ++q) {
     check_rows(*inputs[q], names[q], T, C);
-    TORCH_CHECK(inputs[q]->scalar_type() == r.scalar_type(), names[q], " must have r's dtype ", r.scalar_type());
-    TORCH_CHECK(inputs[q]->device() == state.device(), names[q], " must be on the state's device");
+    ALBATROSS_CHECK(inputs[q]->scalar_type() == r.scalar_type(), names[q], " must have r's dtype ", r.scalar_type());
+    ALBATROSS_CHECK(inputs[q]->device() == state.device(), names[q], " must be on the state's device");
   }
   check_cuda(slot_idx, "slot_idx");
   check_cuda(cu_seqlens, "cu_seqlens");
-  TORCH_CHECK(slot_idx.scalar_type() == at::kInt && slot_idx.dim() == 1 && slot_idx.is_contiguous(),
+  ALBATROSS_CHECK(slot_idx.scalar_type() == at::kInt && slot_idx.dim() == 1 && slot_idx.is_contiguous(),
               "slot_idx must be a contiguous int32 vector");
   const int64_t S = slot_idx.size(0);
-  TORCH_CHECK(cu_seqlens.scalar_type() == at::kInt && cu_seqlens.dim() == 1 && cu_seqlens.size(0) == S + 1 &&
+  ALBATROSS_CHECK(cu_seqlens.scalar_type() == at::kInt && cu_seqlens.dim() == 1 && cu_seqlens.size(0) == S + 1 &&
                   cu_seqlens.is_contiguous(),
               "cu_seqlens must be a contiguous int32 vector of length len(slot_idx) + 1");
-  TORCH_CHECK(S <= INT_MAX && H <= 65535, "too many slots or heads for one launch");
-  TORCH_CHECK(!single_token || T == S, "single_token needs one input row per slot, got ", T, " rows for ", S, " slots");
+  ALBATROSS_CHECK(S <= INT_MAX && H <= 65535, "too many slots or heads for one launch");
+  ALBATROSS_CHECK(!single_token || T == S, "single_token needs one input row per slot, got ", T, " rows for ", S, " slots");
 
   const c10::cuda::CUDAGuard guard(state.device());
   at::Tensor y = at::empty({T, C}, r.options());
