@@ -21,6 +21,8 @@ from typing import Protocol
 class TokenBytes(Protocol):
     def decode_bytes(self, token_ids: Iterable[int]) -> bytes: ...
 
+    def token_bytes(self, token_id: int) -> bytes: ...
+
 
 class IncrementalDecoder:
     """Token ids in, complete characters out."""
@@ -33,6 +35,17 @@ class IncrementalDecoder:
 
     def push(self, token_ids: Iterable[int]) -> str:
         return self._utf8.decode(self._tokenizer.decode_bytes(token_ids), final=False)
+
+    def push_token(self, token_id: int) -> str:
+        """`push((token_id,))`, faster: a token whose bytes are whole characters, with nothing
+        pending, decodes directly (the incremental decoder would return the same text)."""
+        data = self._tokenizer.token_bytes(token_id)
+        if not self._utf8.buffer:  # type: ignore[attr-defined]  # codecs.BufferedIncrementalDecoder
+            try:
+                return data.decode("utf-8")
+            except UnicodeDecodeError:
+                pass
+        return self._utf8.decode(data, final=False)
 
     def flush(self) -> str:
         """End of stream: bytes of a sequence that never completed become U+FFFD."""
@@ -118,6 +131,13 @@ class TextStream:
         if self._matcher.finished:
             return "", True
         return self._matcher.push(self._decoder.push(token_ids))
+
+    def push_token(self, token_id: int) -> tuple[str, bool]:
+        """`push((token_id,))`: the engine's per-token call, kept cheap (it runs for every row of
+        every step on the worker thread)."""
+        if self._matcher.finished:
+            return "", True
+        return self._matcher.push(self._decoder.push_token(token_id))
 
     def flush(self) -> str:
         """End of generation: the last incomplete bytes (as U+FFFD) and any held text. The decoder's

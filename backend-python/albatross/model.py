@@ -200,7 +200,7 @@ class RWKV7:
         `full_output` a list of `[len(tokens[s]), V]`. Logits are inference-mode tensors."""
         slot_list, lengths, flat = self._validate(pool, slots, tokens)
         batch = ops.FlatBatch.build(slot_list, lengths, self.device)
-        logits = self.forward_batch(pool, batch, flat.to(self.device, non_blocking=True), full_output)
+        logits = self.forward_batch(pool, batch, ops.host_to_device(flat, self.device), full_output)
         if not full_output:
             return logits
         return list(logits.split(lengths))

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from albatross.checkpoint import ModelConfig
+from albatross.ops import host_to_device
 
 if TYPE_CHECKING:
     from albatross.model import RWKV7
@@ -159,7 +160,7 @@ class StatePool:
         ids = [slots] if isinstance(slots, int) else list(slots)
         for slot in ids:
             self.check_slot(slot)
-        return torch.tensor(ids, dtype=torch.int64, device=self.device)
+        return host_to_device(torch.tensor(ids, dtype=torch.int64), self.device)
 
     def check_slot(self, slot: int) -> None:
         if not isinstance(slot, int) or isinstance(slot, bool) or not 0 <= slot < self.batch_size:

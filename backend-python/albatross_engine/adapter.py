@@ -23,10 +23,11 @@ import torch
 from albatross.model import RWKV7
 from albatross.random_checkpoint import NAMED_SHAPES, CheckpointShape, random_state_dict
 from albatross.tokenizer import Tokenizer, get_tokenizer
+from albatross_engine import gc_policy
 from albatross_engine.config import AlbatrossBackendConfig, config_field_names, parse_albatross_strategy
 from albatross_engine.core import INIT_ERROR_PREFIX, AsyncEngineCore
 from albatross_engine.state_store import PromptEndIndex, StateStore
-from albatross_engine.tasks import AsyncChannel, EngineTask, EventChannel, SyncChannel, merge_events
+from albatross_engine.tasks import AsyncChannel, EngineTask, EventChannel, EventItem, SyncChannel, merge_events
 from albatross_engine.worker import ModelLoader, Worker
 from runner.interface import AbstractRWKV, BackendError, GenerationEvent, GenerationRequest, SamplingDefaults
 
@@ -92,6 +93,7 @@ class AlbatrossRWKV(AbstractRWKV):
             message = str(error)
             raise RuntimeError(message if message.startswith(INIT_ERROR_PREFIX) else f"{INIT_ERROR_PREFIX}: {message}") from error
         self._core = core
+        gc_policy.engine_started()
         logger.info(
             "Albatross engine initialized: workers=%d, batch_size=%d (devices %s, overlap %s)",
             self.config.worker_num,
@@ -114,6 +116,7 @@ class AlbatrossRWKV(AbstractRWKV):
         core, self._core = self._core, None
         if core is not None:
             core.shutdown()
+            gc_policy.engine_stopped()
         close = getattr(self.state_store, "close", None)
         if self._owns_store and callable(close):
             close()
@@ -163,24 +166,31 @@ class AlbatrossRWKV(AbstractRWKV):
         core = self.core
         core.submit(task)
         done = False
-        pending: BaseException | None = None
+        queued: list[EventItem] = []
+        at = 0  # the next unread item of `queued`
         try:
             while True:
-                item = pending if pending is not None else await channel.queue.get()
-                pending = None
+                if at == len(queued):
+                    queued, at = await channel.next_items(), 0
+                item = queued[at]
+                at += 1
                 if isinstance(item, BaseException):
                     done = True
                     raise item
                 # Under load the caller falls behind the engine; what has queued up meanwhile goes
-                # out as one event (up to the finish), not one event per token.
+                # out as one event (up to the finish; an error is raised on the next round).
                 later: list[GenerationEvent] = []
-                while item.finish_reason is None and not channel.queue.empty():
-                    queued = channel.queue.get_nowait()
-                    if isinstance(queued, BaseException):
-                        pending = queued
+                while item.finish_reason is None:
+                    if at == len(queued):
+                        queued, at = channel.take(), 0
+                        if not queued:
+                            break
+                    following = queued[at]
+                    if isinstance(following, BaseException):
                         break
-                    later.append(queued)
-                    if queued.finish_reason is not None:
+                    at += 1
+                    later.append(following)
+                    if following.finish_reason is not None:
                         break
                 item = merge_events(item, later)
                 done = item.finish_reason is not None

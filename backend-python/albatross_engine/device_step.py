@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from albatross.model import RWKV7
-from albatross.ops import FlatBatch
+from albatross.ops import FlatBatch, host_to_device
 from albatross import cuda_ops
 from albatross.sampler import MASK32, PenaltyPool, SamplingBatch, TopLogprobs, top_logprobs
 from albatross.state import SlotState, StatePool
@@ -84,7 +84,7 @@ class DeviceStep:
         their index with a blocking copy, which would wait for the step in flight; this does not."""
         for slot in slots:
             self.pool.check_slot(slot)
-        index = torch.tensor(slots, dtype=torch.int64).to(self.device, non_blocking=True)
+        index = host_to_device(torch.tensor(slots, dtype=torch.int64), self.device)
         for tensor in (self.pool.att_shift, self.pool.ffn_shift, self.pool.wkv):
             tensor.index_fill_(1, index, 0)
         self.penalties.penalties.index_fill_(0, index, 0.0)
@@ -94,7 +94,7 @@ class DeviceStep:
         """Targets continue from the source's state (ordered after the issued steps, no host sync)."""
         for slot in (source, *targets):
             self.pool.check_slot(slot)
-        index = torch.tensor(targets, dtype=torch.int64).to(self.device, non_blocking=True)
+        index = host_to_device(torch.tensor(targets, dtype=torch.int64), self.device)
         for tensor in (self.pool.att_shift, self.pool.ffn_shift, self.pool.wkv):
             source_state = tensor[:, source : source + 1]
             tensor.index_copy_(1, index, source_state.expand(-1, len(targets), *source_state.shape[2:]).contiguous())
@@ -133,7 +133,7 @@ class DeviceStep:
 
     def _decode_from_device(self, slots: list[int], input_rows: list[int], previous: torch.Tensor) -> torch.Tensor:
         assert self._forward_decode is not None
-        index = torch.tensor([slots, input_rows], dtype=torch.int64).to(self.device, non_blocking=True)
+        index = host_to_device(torch.tensor([slots, input_rows], dtype=torch.int64), self.device)
         token_ids = previous.index_select(0, index[1])
         if self._graphs is not None and len(slots) <= self._largest_bucket:
             return self._graphs.decode(index[0], token_ids)  # type: ignore[attr-defined]
@@ -155,7 +155,8 @@ class DeviceStep:
                 [p.penalty_decay for p in params],
             ],
             dtype=torch.float32,
-        ).to(self.device, non_blocking=True)
+        )
+        floats = host_to_device(floats, self.device)
         # A task samples at most once per step, so its sample number is `sampled - 1`.
         ints = torch.tensor(
             [
@@ -166,7 +167,8 @@ class DeviceStep:
                 positions,
             ],
             dtype=torch.int64,
-        ).to(self.device, non_blocking=True)
+        )
+        ints = host_to_device(ints, self.device)
         batch = SamplingBatch(
             temperature=floats[0], top_p=floats[1], top_k=ints[0], presence=floats[2],
             frequency=floats[3], decay=floats[4], seed32=ints[1], step=ints[2],
@@ -177,7 +179,7 @@ class DeviceStep:
             slots=ints[3],
             positions=None if len(positions) == len(plan.rows) else ints[4],
             logprob_rows=wanted,
-            logprob_index=torch.tensor(wanted, dtype=torch.int64).to(self.device, non_blocking=True) if wanted else None,
+            logprob_index=host_to_device(torch.tensor(wanted, dtype=torch.int64), self.device) if wanted else None,
             logprob_k=max((tasks[n].sampling.logprobs or 0 for n in wanted), default=0),
         )
 

@@ -45,14 +45,40 @@ def merge_events(first: GenerationEvent, later: list[GenerationEvent]) -> Genera
 
 
 class AsyncChannel:
-    """Events for a caller on an asyncio loop; only that loop touches the queue."""
+    """Events for a caller on an asyncio loop; only that loop calls `put` and `next_items`.
 
-    __slots__ = ("loop", "queue", "closed")
+    A list and one waiter future rather than an `asyncio.Queue`: with hundreds of streams, every
+    step puts one event per stream on the caller's loop, and the queue's bookkeeping (its getter
+    deque, `join()` counters and loop checks) was a measurable part of the host's time per step,
+    which bounds the step rate (bench/host_overhead.py)."""
+
+    __slots__ = ("loop", "_items", "_waiter", "closed")
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self.queue: asyncio.Queue[EventItem] = asyncio.Queue()
+        self._items: list[EventItem] = []
+        self._waiter: asyncio.Future[None] | None = None
         self.closed = False  # the caller's loop is gone: nobody reads this channel any more
+
+    def put(self, item: EventItem) -> None:
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None:
+            self._waiter = None
+            if not waiter.done():  # a cancelled reader leaves a done future behind
+                waiter.set_result(None)
+
+    def take(self) -> list[EventItem]:
+        """Everything queued now, possibly nothing."""
+        items, self._items = self._items, []
+        return items
+
+    async def next_items(self) -> list[EventItem]:
+        """Everything queued, waiting for at least one item."""
+        while not self._items:
+            waiter = self._waiter = self.loop.create_future()
+            await waiter
+        return self.take()
 
 
 class SyncChannel:
@@ -68,9 +94,9 @@ class SyncChannel:
 EventChannel = Union[AsyncChannel, SyncChannel]
 
 
-def _deliver(batch: list[tuple[asyncio.Queue[EventItem], EventItem]]) -> None:
-    for target, item in batch:
-        target.put_nowait(item)
+def _deliver(batch: list[tuple[AsyncChannel, EventItem]]) -> None:
+    for channel, item in batch:
+        channel.put(item)
 
 
 class EventOutbox:
@@ -79,7 +105,7 @@ class EventOutbox:
     __slots__ = ("_by_loop", "_channels_by_loop")
 
     def __init__(self) -> None:
-        self._by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Queue[EventItem], EventItem]]] = {}
+        self._by_loop: dict[asyncio.AbstractEventLoop, list[tuple[AsyncChannel, EventItem]]] = {}
         self._channels_by_loop: dict[asyncio.AbstractEventLoop, list[AsyncChannel]] = {}
 
     def add(self, channel: EventChannel, item: EventItem) -> None:
@@ -92,7 +118,7 @@ class EventOutbox:
         if batch is None:
             batch = self._by_loop[channel.loop] = []
             self._channels_by_loop[channel.loop] = []
-        batch.append((channel.queue, item))
+        batch.append((channel, item))
         self._channels_by_loop[channel.loop].append(channel)
 
     def flush(self) -> bool:

@@ -298,7 +298,7 @@ class Worker:
         if token in task.sampling.stop_token_ids:
             text, token_ids, reason = stream.flush(), [], "stop"
         else:
-            text, stopped = stream.push((token,))
+            text, stopped = stream.push_token(token)
             token_ids = [token]
             if stopped:
                 reason = "stop"

@@ -108,6 +108,24 @@ def test_decoder_output_equals_whole_decode_for_real_token_ids(tokenizer: Tokeni
         assert "".join(output) + decoder.flush() == text
 
 
+def test_push_token_equals_push_of_one_token_for_random_and_partial_character_tokens(tokenizer: Tokenizer) -> None:
+    """The engine's fast path: same text as `push((id,))`, pending bytes included (byte tokens
+    that split characters, invalid bytes, undefined ids, whole-character tokens mixed)."""
+    rng = random.Random(13)
+    pieces_of_text = ["a", "中", "😀", "é", "\n"]
+    for _ in range(300):
+        data = b"".join(
+            rng.choice(pieces_of_text).encode() if rng.random() < 0.7 else bytes([rng.randrange(256)])
+            for _ in range(rng.randrange(0, 20))
+        )
+        ids = _byte_token_ids(data) + [rng.randrange(0, 70000) for _ in range(rng.randrange(0, 4))]
+        rng.shuffle(ids)
+        fast, slow = IncrementalDecoder(tokenizer), IncrementalDecoder(tokenizer)
+        for token_id in ids:
+            assert fast.push_token(token_id) == slow.push((token_id,))
+        assert fast.flush() == slow.flush()
+
+
 # StopMatcher
 
 

@@ -4,7 +4,9 @@ engine answers 503 at once, a failed load is reported at start-up, and shutdown 
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
+import weakref
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,10 +67,10 @@ class BuggyTextStream(TextStream):
         super().__init__(tokenizer, stops)  # type: ignore[arg-type]
         self.buggy = "boom" in stops
 
-    def push(self, token_ids: object) -> tuple[str, bool]:
+    def push_token(self, token_id: int) -> tuple[str, bool]:
         if self.buggy:
             raise RuntimeError("stop matcher bug")
-        return super().push(token_ids)  # type: ignore[arg-type]
+        return super().push_token(token_id)
 
 
 def test_an_exception_in_one_tasks_text_processing_ends_only_that_task(
@@ -136,6 +138,22 @@ def test_switching_models_twice_leaves_no_engine_thread(tiny_checkpoint: Path) -
         assert "albatross-engine" in engine_threads() and "albatross-worker-0" in engine_threads()
         backend.shutdown()
     assert engine_threads() == [], f"threads left behind: {engine_threads()}"
+
+
+def test_a_running_engine_freezes_startup_objects_and_shutdown_restores_the_collector(tiny_checkpoint: Path) -> None:
+    from albatross_engine import gc_policy
+
+    if gc_policy._running:
+        pytest.skip("another engine of this process is still running")
+    before = gc.get_threshold()
+    backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=2, device="cpu")
+    model = weakref.ref(backend.core.workers[0].model)
+    assert gc.get_threshold()[0] >= gc_policy.GEN0_THRESHOLD and gc.get_freeze_count() > 0
+    backend.shutdown()
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    del backend
+    gc.collect()
+    assert model() is None, "the shut-down engine's model is still alive"
 
 
 def test_a_missing_checkpoint_fails_initialization_with_the_documented_prefix(tmp_path: Path) -> None:

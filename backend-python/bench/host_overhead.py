@@ -1,0 +1,169 @@
+"""The engine's host work against a simulated device: is Python fast enough to keep the GPU busy?
+
+The real scheduler, worker, event delivery and adapter run; only `DeviceStep` is replaced by one
+whose steps "run" on a simulated device clock (a step takes the time of the H200's measured step
+profile, `engine_benchmark.py --step-profile`) and whose sampled ids arrive when that step is done
+(the worker waits for them with the GIL released, as it does on a CUDA event). Whatever the host
+adds on top of the device's busy time is host overhead: with enough host speed, the run takes the
+sum of its step times.
+
+    python bench/host_overhead.py                     # the 960-request workload of engine_benchmark.py
+    python bench/host_overhead.py --requests 64 --batch 64 --max-tokens 64
+
+Prints the run's wall time, the simulated device's busy time, and the idle time between steps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import sys
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from albatross.model import RWKV7  # noqa: E402
+from albatross.random_checkpoint import random_state_dict  # noqa: E402
+from albatross_engine import worker as worker_module  # noqa: E402
+from albatross_engine.adapter import AlbatrossRWKV, parse_random_spec  # noqa: E402
+from albatross_engine.device_step import IssuedStep  # noqa: E402
+from albatross_engine.scheduler import StepPlan  # noqa: E402
+from runner.interface import GenerationRequest, SamplingParams  # noqa: E402
+
+
+class _DeviceClock:
+    """Steps run one after another; each starts when both it is issued and the previous one is done."""
+
+    def __init__(self, decode_ms: float, mixed: tuple[float, float, float]) -> None:
+        self.decode_ms = decode_ms
+        self.mixed = mixed
+        self.free_at = 0.0
+        self.busy = 0.0
+        self.idle = 0.0
+        self.idle_by_kind: dict[str, float] = {}  # idle before a step, by the kind of that step
+        self.lock = threading.Lock()
+
+    def run(self, plan: StepPlan) -> float:
+        ms = (self.decode_ms if not plan.prefill_tokens
+              else self.mixed[0] + self.mixed[1] * plan.prefill_tokens / 1000 + self.mixed[2] * plan.decode_tokens / 1000)  # fmt: skip
+        now = time.perf_counter()
+        with self.lock:
+            if self.free_at and now > self.free_at:
+                self.idle += now - self.free_at
+                kind = "mixed" if plan.prefill_tokens else "decode"
+                self.idle_by_kind[kind] = self.idle_by_kind.get(kind, 0.0) + now - self.free_at
+            start = max(now, self.free_at)
+            self.free_at = start + ms / 1000
+            self.busy += ms / 1000
+            return self.free_at
+
+
+class _Done:
+    def __init__(self, at: float) -> None:
+        self.at = at
+
+    def synchronize(self) -> None:
+        delay = self.at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)  # releases the GIL, like waiting on a CUDA event
+
+
+class SimulatedDeviceStep:
+    """`DeviceStep`'s interface, with a device clock instead of a model."""
+
+    clock: _DeviceClock  # set by main()
+
+    def __init__(self, model: RWKV7, batch_size: int, state_dtype: str = "fp32", cuda_graphs: bool = True) -> None:
+        self.model = model
+        self.vocab_size = model.config.vocab_size
+        self.device = model.device
+        self._rng = random.Random(0)
+
+    def issue(self, plan: StepPlan) -> IssuedStep:
+        issued = IssuedStep(plan)
+        issued.copied = _Done(self.clock.run(plan))  # type: ignore[assignment]
+        ids = [self._rng.randrange(1, 65530) for _ in range(plan.sample_count)]
+        issued.host_ids = torch.tensor(ids, dtype=torch.int64)
+        return issued
+
+    def reset_slots(self, slots: list[int]) -> None:
+        pass
+
+    def copy_slot(self, source: int, targets: list[int]) -> None:
+        pass
+
+    def forget_last_step(self, step: IssuedStep | None = None) -> None:
+        pass
+
+    def peak_memory_bytes(self) -> int:
+        return 0
+
+
+async def _run(backend: AlbatrossRWKV, args: argparse.Namespace) -> tuple[int, float]:
+    rng = random.Random(args.seed)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, top_p=0.6, top_k=50, stop=(), stop_token_ids=())
+    requests = [
+        GenerationRequest([rng.randrange(1, 65530) for _ in range(rng.randint(args.prompt_min, args.prompt_max))], params)
+        for _ in range(args.requests)
+    ]
+    generated = 0
+
+    async def one(request: GenerationRequest) -> None:
+        nonlocal generated
+        async for event in backend.async_generate(request):
+            generated += len(event.token_ids)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(one(r) for r in requests))
+    return generated, time.perf_counter() - start
+
+
+def _cpu_seconds(thread: threading.Thread) -> float:
+    """CPU time a thread has used so far (Linux)."""
+    assert thread.ident is not None
+    return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--requests", type=int, default=960)
+    parser.add_argument("--batch", type=int, default=960)
+    parser.add_argument("--prompt-min", type=int, default=64)
+    parser.add_argument("--prompt-max", type=int, default=512)
+    parser.add_argument("--max-tokens", type=int, default=256)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--decode-ms", type=float, default=38.7, help="a decode-only step (H200, 7.2B, 960 rows)")
+    parser.add_argument("--mixed", default="67,20.9,13.5",
+                        help="a step with prompt chunks: ms, us per prompt token, us per decode row (H200 fit)")  # fmt: skip
+    args = parser.parse_args(argv)
+
+    clock = _DeviceClock(args.decode_ms, tuple(float(x) for x in args.mixed.split(",")))  # type: ignore[arg-type]
+    SimulatedDeviceStep.clock = clock
+    worker_module.DeviceStep = SimulatedDeviceStep  # type: ignore[misc,assignment]
+    shape, seed = parse_random_spec("2x64")
+    model = RWKV7.from_state_dict(random_state_dict(shape, seed=seed), torch.device("cpu"), torch.float32, progress=False)
+    backend = AlbatrossRWKV("random:2x64", 1, args.batch, model=model, overlap=True)
+    worker = next(t for t in threading.enumerate() if t.name.startswith("albatross-worker"))
+    main_thread = threading.main_thread()
+    cpu_before = (_cpu_seconds(worker), _cpu_seconds(main_thread))
+    try:
+        generated, wall = asyncio.run(_run(backend, args))
+        worker_cpu, main_cpu = (_cpu_seconds(t) - b for t, b in zip((worker, main_thread), cpu_before))
+        steps = int(backend.status().get("steps", 0))  # type: ignore[call-overload]
+    finally:
+        backend.shutdown()
+    print(f"{args.requests} requests, batch {args.batch}: {generated} tokens in {wall:.2f} s ({generated / wall:,.0f} tok/s); "
+          f"simulated device busy {clock.busy:.2f} s, idle between steps {clock.idle:.2f} s "
+          f"(host overhead {100 * clock.idle / max(clock.busy, 1e-9):.1f}% of device time)")  # fmt: skip
+    print(f"CPU per step ({steps} steps): worker thread {1000 * worker_cpu / max(steps, 1):.2f} ms, "
+          f"caller loop {1000 * main_cpu / max(steps, 1):.2f} ms; idle before decode-only steps "
+          f"{clock.idle_by_kind.get('decode', 0.0):.2f} s, before steps with prompt chunks {clock.idle_by_kind.get('mixed', 0.0):.2f} s")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
