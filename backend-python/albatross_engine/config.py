@@ -21,9 +21,13 @@ STATE_DTYPES = ("fp32", "fp16", "bf16")
 # Short chunks from many prompts rather than long chunks from few: a (slot, head) of the WKV kernel
 # is a serial chain of ~1 us a token, so a step's WKV time follows its longest chunk, while the
 # matmuls only see the total. H200, 7.2B, 960 requests (docs/performance.md): 128 / 8192 gave
-# 12.6k tok/s and an inter-token p90 of 54 ms; 512 / 4096 gave 12.1k and 150 ms.
+# 12.6k tok/s and an inter-token p90 of 54 ms; 512 / 4096 gave 12.1k and 150 ms. A larger budget
+# then means fewer steps that carry prompt chunks, each paying the step's fixed costs once:
+# 128 / 16384 gave 14.1k against 13.7k for 128 / 8192 (session 3), at the price of longer stalls
+# for the streams decoding alongside a prefill burst (inter-token p99 473 ms against 266 ms);
+# `prefill_budget=8192` in the strategy restores the shorter stalls.
 DEFAULT_PREFILL_CHUNK = 128
-DEFAULT_PREFILL_BUDGET = 8192
+DEFAULT_PREFILL_BUDGET = 16384
 
 _DEVICE_PATTERN = re.compile(r"^(cpu|cuda|cuda:\d+)$")
 

@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt-max", type=int, default=512)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--prefill-chunk", type=int, help="default: the engine's (128)")
-    parser.add_argument("--prefill-budget", type=int, help="default: the engine's (8192)")
+    parser.add_argument("--prefill-budget", type=int, help="default: the engine's (16384)")
     parser.add_argument("--overlap", choices=("on", "off"), help="default: on for cuda")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--state-dtype", choices=("fp32", "fp16", "bf16"), help="default: the engine's (fp16 on cuda, fp32 on cpu)")
