@@ -12,7 +12,10 @@ of the real rows are returned as a view of the graph's static output.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import gc
+import threading
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +23,20 @@ import torch
 from albatross.model import RWKV7
 from albatross.ops import FlatBatch
 from albatross.state import StatePool
+
+
+_CAPTURE_LOCK = threading.Lock()  # one graph capture at a time in this process
+
+
+@contextlib.contextmanager
+def _no_gc() -> Iterator[None]:
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
 
 
 def forward_decode(model: RWKV7, pool: StatePool, batch: FlatBatch, token_ids: torch.Tensor) -> torch.Tensor:
@@ -54,6 +71,7 @@ class DecodeGraphRunner:
         self.pool = pool
         self.scratch_slot = scratch_slot
         self.memory_pool = torch.cuda.graph_pool_handle()
+        self._capture_stream = torch.cuda.Stream(model.device)
         self._buckets: dict[int, _Bucket] = {}
         for size in sorted(set(buckets), reverse=True):  # largest first: later graphs reuse its memory
             self._buckets[size] = self._capture(size)
@@ -86,7 +104,16 @@ class DecodeGraphRunner:
                 forward_decode(self.model, self.pool, batch, token_ids)
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph, pool=self.memory_pool):
+        # The capture stream is this runner's own, on its device: torch.cuda.graph's default is
+        # one stream per process, made on whichever GPU captured first, so with workers=2 the
+        # second GPU captured on the first GPU's stream: an empty graph (replays did nothing and
+        # that worker sampled from stale logits), and the first GPU's capture saw the second's
+        # kernels ("operation not permitted when stream is capturing"). Relaxed mode, because
+        # other workers keep loading weights (cudaMalloc) while one captures; the lock keeps
+        # captures one at a time, and no garbage collection runs inside one.
+        with _CAPTURE_LOCK, _no_gc(), torch.cuda.graph(
+            graph, pool=self.memory_pool, stream=self._capture_stream, capture_error_mode="relaxed"
+        ):
             logits = forward_decode(self.model, self.pool, batch, token_ids)
         return _Bucket(size, graph, token_ids, slots, slots_i32, logits, batch)
 

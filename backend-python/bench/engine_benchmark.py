@@ -55,6 +55,7 @@ class RequestTiming:
 class Summary:
     requests: int
     batch: int
+    workers: int
     prompt_tokens: int
     generated_tokens: int
     wall_s: float
@@ -87,8 +88,8 @@ def build_backend(args: argparse.Namespace) -> AlbatrossRWKV:
         extras["overlap"] = args.overlap == "on"
     if args.state_dtype is not None:
         extras["state_dtype"] = args.state_dtype
-    if args.model:
-        return AlbatrossRWKV(args.model, 1, args.batch, device=args.device, **extras)
+    if args.model or args.workers > 1:  # each worker loads its own copy (random weights: built on its GPU)
+        return AlbatrossRWKV(args.model or f"random:{args.shape}", args.workers, args.batch, device=args.device, **extras)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.float16 if device.type == "cuda" else torch.float32
     if device.type == "cuda":
@@ -156,6 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shape", default="7.2b", help="random weights: a named shape (0.1b .. 7.2b) or LxW (e.g. 2x128)")
     parser.add_argument("--model", help="a checkpoint path instead of random weights")
     parser.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda when available)")
+    parser.add_argument("--workers", type=int, default=1, help="workers (one GPU each; more than one loads the model per worker)")
     parser.add_argument("--requests", type=int, default=960)
     parser.add_argument("--batch", type=int, default=960, help="state slots (the engine's batch size)")
     parser.add_argument("--prompt-min", type=int, default=64)
@@ -195,6 +197,7 @@ def main(argv: list[str] | None = None) -> None:
     summary = Summary(
         requests=args.requests,
         batch=args.batch,
+        workers=args.workers,
         prompt_tokens=sum(t.prompt_tokens for t in timings),
         generated_tokens=generated,
         wall_s=wall,
@@ -209,7 +212,7 @@ def main(argv: list[str] | None = None) -> None:
         step_profile=step_profile,
     )  # fmt: skip
 
-    print(f"\n{summary.model} on {summary.device} | torch {torch.__version__} | python {platform.python_version()}")
+    print(f"\n{summary.model} on {summary.device}, {summary.workers} worker(s) | torch {torch.__version__} | python {platform.python_version()}")
     print(f"{'requests':>9}{'batch':>7}{'prompt tok':>12}{'gen tok':>10}{'wall s':>9}{'tok/s':>10}"
           f"{'TTFT p50':>10}{'p90':>9}{'p99':>9}{'ITL p50':>9}{'p90':>8}{'p99':>8}  (ms)")
     print(f"{summary.requests:>9}{summary.batch:>7}{summary.prompt_tokens:>12}{summary.generated_tokens:>10}"

@@ -84,3 +84,27 @@ def test_seeded_sampling_on_the_gpu_does_not_depend_on_the_batch(engine: Albatro
     crowd = [GenerationRequest([rng.randrange(1, 65530) for _ in range(8)], SamplingParams(max_tokens=20, seed=rng.randrange(2**32), stop_token_ids=())) for _ in range(10)]
     crowded = token_ids(collect(engine, crowd + [target])[-1])
     assert alone == crowded, f"seeded tokens differ alone {alone} and in a batch {crowded}"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+def test_two_workers_on_two_gpus_share_the_requests_and_match_the_model_core() -> None:
+    """`workers=2`: each GPU loads its own copy (random weights from the same seed), requests are
+    spread over both, and a greedy request gives the model core's tokens whichever GPU serves it."""
+    from albatross_engine.adapter import _model_loader
+
+    # fp32 weights and state: these loader-built weights have no checked greedy margins, and fp32
+    # keeps batching's rounding far below them.
+    spec = f"random:{SHAPE.n_layer}x{SHAPE.n_embd}:{WEIGHT_SEED}"
+    reference_model = _model_loader(spec, "fp32")(torch.device("cuda:0"))  # the workers' own loader
+    backend = AlbatrossRWKV(spec, worker_num=2, batch_size=8, device="cuda", dtype="fp32", state_dtype="fp32")
+    try:
+        assert [str(w.device) for w in backend.core.workers] == ["cuda:0", "cuda:1"]
+        greedy = SamplingParams(max_tokens=12, temperature=0.0, frequency_penalty=0.0, stop_token_ids=())
+        prompt = torch.randint(0, 65536, (24,), generator=torch.Generator().manual_seed(7)).tolist()
+        expected = reference_tokens(reference_model, prompt, greedy, seed=0, state_dtype="fp32")
+        results = collect(backend, [GenerationRequest(prompt, greedy) for _ in range(16)])
+        assert all(token_ids(events) == expected for events in results), "a worker's greedy output differs"
+        steps = [worker.metrics.snapshot().steps for worker in backend.core.workers]
+        assert all(count > 0 for count in steps), f"a worker got no requests: steps {steps}"
+    finally:
+        backend.shutdown()
