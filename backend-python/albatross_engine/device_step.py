@@ -142,11 +142,12 @@ class DeviceStep:
 
     def _sampling_inputs(self, plan: StepPlan) -> _SamplingInputs:
         """Per-row sampling settings as device tensors, built on the host and sent with
-        non-blocking copies BEFORE the forward is queued (a blocking copy would wait for it)."""
+        page-locked non-blocking copies BEFORE the forward is queued (a blocking copy, or one
+        from pageable memory, would wait for the step in flight)."""
         positions = [i for i, row in enumerate(plan.rows) if row.samples]
         tasks = [plan.rows[i].task for i in positions]
         params = [t.sampling for t in tasks]
-        floats = torch.tensor(
+        floats = host_to_device(torch.tensor(
             [
                 [p.temperature for p in params],
                 [p.top_p for p in params],
@@ -155,10 +156,9 @@ class DeviceStep:
                 [p.penalty_decay for p in params],
             ],
             dtype=torch.float32,
-        )
-        floats = host_to_device(floats, self.device)
+        ), self.device)
         # A task samples at most once per step, so its sample number is `sampled - 1`.
-        ints = torch.tensor(
+        ints = host_to_device(torch.tensor(
             [
                 [p.top_k for p in params],
                 [t.seed32 & MASK32 for t in tasks],
@@ -167,8 +167,7 @@ class DeviceStep:
                 positions,
             ],
             dtype=torch.int64,
-        )
-        ints = host_to_device(ints, self.device)
+        ), self.device)
         batch = SamplingBatch(
             temperature=floats[0], top_p=floats[1], top_k=ints[0], presence=floats[2],
             frequency=floats[3], decay=floats[4], seed32=ints[1], step=ints[2],
