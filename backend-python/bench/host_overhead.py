@@ -76,9 +76,12 @@ class _Done:
 class SimulatedDeviceStep:
     """`DeviceStep`'s interface, with a device clock instead of a model."""
 
-    clock: _DeviceClock  # set by main()
+    timing: tuple[float, tuple[float, float, float]] = (38.7, (67.0, 20.9, 13.5))  # set by main()
+    clocks: list[_DeviceClock] = []  # one per worker (each worker has its own device)
 
     def __init__(self, model: RWKV7, batch_size: int, state_dtype: str = "fp32", cuda_graphs: bool = True) -> None:
+        self.clock = _DeviceClock(*self.timing)
+        self.clocks.append(self.clock)
         self.model = model
         self.vocab_size = model.config.vocab_size
         self.device = model.device
@@ -131,6 +134,7 @@ def _cpu_seconds(thread: threading.Thread) -> float:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", type=int, default=1, help="workers, each with its own simulated device")
     parser.add_argument("--requests", type=int, default=960)
     parser.add_argument("--batch", type=int, default=960)
     parser.add_argument("--prompt-min", type=int, default=64)
@@ -142,25 +146,35 @@ def main(argv: list[str] | None = None) -> None:
                         help="a step with prompt chunks: ms, us per prompt token, us per decode row (H200 fit)")  # fmt: skip
     args = parser.parse_args(argv)
 
-    clock = _DeviceClock(args.decode_ms, tuple(float(x) for x in args.mixed.split(",")))  # type: ignore[arg-type]
-    SimulatedDeviceStep.clock = clock
+    SimulatedDeviceStep.timing = (args.decode_ms, tuple(float(x) for x in args.mixed.split(",")))  # type: ignore[assignment]
     worker_module.DeviceStep = SimulatedDeviceStep  # type: ignore[misc,assignment]
-    shape, seed = parse_random_spec("2x64")
-    model = RWKV7.from_state_dict(random_state_dict(shape, seed=seed), torch.device("cpu"), torch.float32, progress=False)
-    backend = AlbatrossRWKV("random:2x64", 1, args.batch, model=model, overlap=True)
-    worker = next(t for t in threading.enumerate() if t.name.startswith("albatross-worker"))
+    if args.workers == 1:
+        shape, seed = parse_random_spec("2x64")
+        model = RWKV7.from_state_dict(random_state_dict(shape, seed=seed), torch.device("cpu"), torch.float32, progress=False)
+        backend = AlbatrossRWKV("random:2x64", 1, args.batch, model=model, overlap=True)
+    else:  # one simulated device per worker, all on one device clock's timing each
+        backend = AlbatrossRWKV("random:2x64", args.workers, args.batch, device="cpu", overlap=True)
+    workers = [t for t in threading.enumerate() if t.name.startswith("albatross-worker")]
     main_thread = threading.main_thread()
-    cpu_before = (_cpu_seconds(worker), _cpu_seconds(main_thread))
+    threads = [*workers, main_thread]
+    cpu_before = [_cpu_seconds(t) for t in threads]
     try:
         generated, wall = asyncio.run(_run(backend, args))
-        worker_cpu, main_cpu = (_cpu_seconds(t) - b for t, b in zip((worker, main_thread), cpu_before))
-        steps = int(backend.status().get("steps", 0))  # type: ignore[call-overload]
+        used = [_cpu_seconds(t) - b for t, b in zip(threads, cpu_before)]
+        worker_cpu, main_cpu = sum(used[:-1]), used[-1]
+        steps = int(backend.status().get("steps", 0))  # type: ignore[call-overload]  # all workers' steps
     finally:
         backend.shutdown()
-    print(f"{args.requests} requests, batch {args.batch}: {generated} tokens in {wall:.2f} s ({generated / wall:,.0f} tok/s); "
+    clock = _DeviceClock(*SimulatedDeviceStep.timing)  # the workers' clocks, summed
+    for one in SimulatedDeviceStep.clocks:
+        clock.busy += one.busy
+        clock.idle += one.idle
+        for kind, seconds in one.idle_by_kind.items():
+            clock.idle_by_kind[kind] = clock.idle_by_kind.get(kind, 0.0) + seconds
+    print(f"{args.requests} requests, {args.workers} worker(s) of batch {args.batch}: {generated} tokens in {wall:.2f} s ({generated / wall:,.0f} tok/s); "
           f"simulated device busy {clock.busy:.2f} s, idle between steps {clock.idle:.2f} s "
           f"(host overhead {100 * clock.idle / max(clock.busy, 1e-9):.1f}% of device time)")  # fmt: skip
-    print(f"CPU per step ({steps} steps): worker thread {1000 * worker_cpu / max(steps, 1):.2f} ms, "
+    print(f"CPU per step ({steps} steps): worker threads {1000 * worker_cpu / max(steps, 1):.2f} ms, "
           f"caller loop {1000 * main_cpu / max(steps, 1):.2f} ms; idle before decode-only steps "
           f"{clock.idle_by_kind.get('decode', 0.0):.2f} s, before steps with prompt chunks {clock.idle_by_kind.get('mixed', 0.0):.2f} s")  # fmt: skip
 
