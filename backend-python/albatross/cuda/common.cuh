@@ -43,6 +43,24 @@ std::string message(const Args&... args) {
 // TORCH_CHECK with a message from detail::message.
 #define ALBATROSS_CHECK(COND, ...) TORCH_CHECK(COND, ::albatross::detail::message(__VA_ARGS__))
 
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Inclusive prefix sum over the lanes of a warp, in lane order (every lane must call it).
+template <typename T>
+__device__ __forceinline__ T warp_inclusive_scan(T v) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int o = 1; o < 32; o <<= 1) {
+    const T other = __shfl_up_sync(0xffffffffu, v, o);
+    if (lane >= o) v += other;
+  }
+  return v;
+}
+
 __device__ __forceinline__ float to_float(float x) { return x; }
 __device__ __forceinline__ float to_float(__half x) { return __half2float(x); }
 __device__ __forceinline__ float to_float(__nv_bfloat16 x) { return __bfloat162float(x); }
@@ -73,6 +91,19 @@ inline void check_rows(const at::Tensor& t, const char* name, int64_t rows, int6
   ALBATROSS_CHECK(t.dim() == 2 && t.size(0) == rows && t.size(1) == cols, name, " must be [", rows, ", ", cols,
               "], got ", t.sizes());
   ALBATROSS_CHECK(t.stride(1) == 1, name, " must have unit stride along its last dimension");
+}
+
+// The flat-batch row bookkeeping every slot-indexed op takes; returns the number of slots.
+inline int64_t check_slots(const at::Tensor& slot_idx, const at::Tensor& cu_seqlens) {
+  check_cuda(slot_idx, "slot_idx");
+  check_cuda(cu_seqlens, "cu_seqlens");
+  ALBATROSS_CHECK(slot_idx.scalar_type() == at::kInt && slot_idx.dim() == 1 && slot_idx.is_contiguous(),
+                  "slot_idx must be a contiguous int32 vector");
+  const int64_t S = slot_idx.size(0);
+  ALBATROSS_CHECK(cu_seqlens.scalar_type() == at::kInt && cu_seqlens.dim() == 1 && cu_seqlens.size(0) == S + 1 &&
+                      cu_seqlens.is_contiguous(),
+                  "cu_seqlens must be a contiguous int32 vector of length len(slot_idx) + 1");
+  return S;
 }
 
 }  // namespace albatross

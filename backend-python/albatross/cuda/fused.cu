@@ -53,12 +53,6 @@ __device__ __forceinline__ float head_sum8(float v) {
   return v;
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
 // Sum over the whole block, in a fixed order (deterministic). Every thread must call it.
 __device__ __forceinline__ float block_sum(float v, float* scratch) {
   v = warp_sum(v);
@@ -337,6 +331,13 @@ void check_matrix(const at::Tensor& t, const at::Tensor& like, const char* name,
               t.sizes());
 }
 
+// The leading activation of a per-head op: a contiguous [T, H * 64] matrix.
+void check_head_matrix(const at::Tensor& t, const char* name) {
+  check_cuda(t, name);
+  ALBATROSS_CHECK(t.dim() == 2 && t.is_contiguous() && t.size(1) % kHead == 0, name,
+                  " must be a contiguous [T, H * 64] matrix, got ", t.sizes());
+}
+
 void check_aligned(const at::Tensor& t, const char* name) {
   ALBATROSS_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name, " must be 16-byte aligned (8-channel vector access)");
 }
@@ -381,14 +382,7 @@ at::Tensor shift_mix_cuda(const at::Tensor& x, at::Tensor shift, const at::Tenso
   const bool single = coefficients.dim() == 1;  // one [T, C] mix instead of [K, T, C]
   ALBATROSS_CHECK((single && coefficients.size(0) == C) || (coefficients.dim() == 2 && coefficients.size(1) == C),
               "coefficients must be [K, ", C, "] or [", C, "], got ", coefficients.sizes());
-  check_cuda(slot_idx, "slot_idx");
-  check_cuda(cu_seqlens, "cu_seqlens");
-  ALBATROSS_CHECK(slot_idx.scalar_type() == at::kInt && slot_idx.dim() == 1 && slot_idx.is_contiguous(),
-              "slot_idx must be a contiguous int32 vector");
-  const int64_t S = slot_idx.size(0);
-  ALBATROSS_CHECK(cu_seqlens.scalar_type() == at::kInt && cu_seqlens.dim() == 1 && cu_seqlens.size(0) == S + 1 &&
-                  cu_seqlens.is_contiguous(),
-              "cu_seqlens must be a contiguous int32 vector of length len(slot_idx) + 1");
+  const int64_t S = check_slots(slot_idx, cu_seqlens);
   const int64_t K = single ? 1 : coefficients.size(0);
   ALBATROSS_CHECK(C % kVec == 0 && shift.stride(0) % kVec == 0, "shift_mix needs C and the shift row stride to be multiples of 8");
   check_aligned(x, "x");
@@ -414,9 +408,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> wkv_prep_cuda(
     at::Tensor k, at::Tensor v, const at::Tensor& w_lora, const at::Tensor& a_lora,
     const c10::optional<at::Tensor>& v_lora, const c10::optional<at::Tensor>& v_first, const at::Tensor& w0,
     const at::Tensor& a0, const c10::optional<at::Tensor>& v0, const at::Tensor& k_k, const at::Tensor& k_a) {
-  check_cuda(k, "k");
-  ALBATROSS_CHECK(k.dim() == 2 && k.is_contiguous() && k.size(1) % kHead == 0,
-              "k must be a contiguous [T, H * 64] matrix, got ", k.sizes());
+  check_head_matrix(k, "k");
   const int64_t rows = k.size(0), C = k.size(1), H = C / kHead;
   check_matrix(v, k, "v", rows, C);
   check_matrix(w_lora, k, "w_lora", rows, C);
@@ -470,9 +462,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> wkv_prep_cuda(
 at::Tensor gn_bonus_gate_cuda(const at::Tensor& y, const at::Tensor& r, const at::Tensor& k, const at::Tensor& v,
                               const at::Tensor& g, const at::Tensor& r_k, const at::Tensor& weight,
                               const at::Tensor& bias, double eps) {
-  check_cuda(y, "y");
-  ALBATROSS_CHECK(y.dim() == 2 && y.is_contiguous() && y.size(1) % kHead == 0,
-              "y must be a contiguous [T, H * 64] matrix, got ", y.sizes());
+  check_head_matrix(y, "y");
   const int64_t rows = y.size(0), C = y.size(1), H = C / kHead;
   check_matrix(r, y, "r", rows, C);
   check_matrix(k, y, "k", rows, C);

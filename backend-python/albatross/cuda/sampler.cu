@@ -45,16 +45,27 @@ __device__ __forceinline__ float uniform01(int64_t seed32, int64_t step) {
   return static_cast<float>(hash32(mixed) >> 8) * 5.9604644775390625e-08f;  // 2**-24
 }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
-  return v;
+// Bitonic sort of `size` (a power of two, at most 2 * THREADS) pairs in shared memory: p descending,
+// id ascending on ties, so the order does not depend on the order the pairs were written in.
+// Every thread of the block must call it.
+__device__ void bitonic_sort(float* p, int* id, int size) {
+  for (int k = 2; k <= size; k <<= 1) {
+    for (int j = k >> 1; j > 0; j >>= 1) {
+      for (int i = threadIdx.x; i < size; i += THREADS) {
+        const int other = i ^ j;
+        if (other > i) {
+          const float pa = p[i], pb = p[other];
+          const int ia = id[i], ib = id[other];
+          const bool other_first = pb > pa || (pb == pa && ib < ia);
+          if (other_first == ((i & k) == 0)) {
+            p[i] = pb; p[other] = pa;
+            id[i] = ib; id[other] = ia;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
 }
 
 // Sum over the block in a fixed order; every thread gets the result.
@@ -191,30 +202,10 @@ __device__ bool top_p_from_candidates(const Row& row, float floor, float top_p, 
   if (n > CANDIDATES) return false;
   if (tid >= n) { c.p[tid] = -1.f; c.id[tid] = INT_MAX; }  // padding sorts last
   __syncthreads();
-  // Bitonic sort, one element per thread.
-  for (int k = 2; k <= CANDIDATES; k <<= 1) {
-    for (int j = k >> 1; j > 0; j >>= 1) {
-      const int other = tid ^ j;
-      if (other > tid) {
-        const float pa = c.p[tid], pb = c.p[other];
-        const int ia = c.id[tid], ib = c.id[other];
-        const bool other_first = pb > pa || (pb == pa && ib < ia);
-        if (other_first == ((tid & k) == 0)) {
-          c.p[tid] = pb; c.p[other] = pa;
-          c.id[tid] = ib; c.id[other] = ia;
-        }
-      }
-      __syncthreads();
-    }
-  }
+  bitonic_sort(c.p, c.id, CANDIDATES);
   // Inclusive scan of the sorted masses (fixed order), then the first index reaching top_p.
   const float mine = tid < n ? c.p[tid] : 0.f;
-  float incl = mine;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const float other = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += other;
-  }
+  const float incl = warp_inclusive_scan(mine);
   if (lane == 31) c.warp_total[warp] = incl;
   __syncthreads();
   float offset = 0.f;
@@ -269,12 +260,7 @@ __device__ void find_bin(FastShared& f, int k) {
     const int hi = BINS - 1 - PER * lane;  // this lane's bins, highest first
     int mine = 0;
     for (int q = 0; q < PER; ++q) mine += f.hist[hi - q];
-    int incl = mine;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const int other = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += other;
-    }
+    const int incl = warp_inclusive_scan(mine);
     const unsigned reached = __ballot_sync(0xffffffffu, incl >= k);
     if (reached == 0u) {
       if (lane == 31) { f.bin = 0; f.above = incl - f.hist[0]; }
@@ -334,33 +320,11 @@ __device__ FastResult fast_sample(const Row& row, FastShared& f, int k_c, int64_
   for (int i = tid; i < size; i += THREADS)
     if (i >= n) { f.p[i] = -1.f; f.id[i] = INT_MAX; }  // padding sorts last
   __syncthreads();
-  // Bitonic sort: p descending, id ascending (deterministic whatever the collection order).
-  for (int k = 2; k <= size; k <<= 1) {
-    for (int j = k >> 1; j > 0; j >>= 1) {
-      for (int i = tid; i < size; i += THREADS) {
-        const int other = i ^ j;
-        if (other > i) {
-          const float pa = f.p[i], pb = f.p[other];
-          const int ia = f.id[i], ib = f.id[other];
-          const bool other_first = pb > pa || (pb == pa && ib < ia);
-          if (other_first == ((i & k) == 0)) {
-            f.p[i] = pb; f.p[other] = pa;
-            f.id[i] = ib; f.id[other] = ia;
-          }
-        }
-      }
-      __syncthreads();
-    }
-  }
+  bitonic_sort(f.p, f.id, size);
   // Inclusive prefix sums in sorted order (each thread two neighbours, then a block scan).
   const int i0 = 2 * tid, i1 = 2 * tid + 1;
   const float a0 = i0 < n ? f.p[i0] : 0.f, a1 = i1 < n ? f.p[i1] : 0.f;
-  float incl = a0 + a1;
-#pragma unroll
-  for (int o = 1; o < 32; o <<= 1) {
-    const float other = __shfl_up_sync(0xffffffffu, incl, o);
-    if (lane >= o) incl += other;
-  }
+  const float incl = warp_inclusive_scan(a0 + a1);
   if (lane == 31) warp_sums[warp] = incl;
   __syncthreads();  // the histogram is no longer read: `cum` may overwrite it
   float offset = 0.f;
@@ -524,23 +488,12 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(const float* __restrict
       const float p = row.prob(e);
       if (p >= threshold) local += p;
     }
-    float incl = local;
-#pragma unroll
-    for (int o = 1; o < 32; o <<= 1) {
-      const float other = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += other;
-    }
+    const float incl = warp_inclusive_scan(local);
     __syncthreads();
     if (lane == 31) scratch[warp] = incl;
     __syncthreads();
     if (warp == 0) {
-      float w = scratch[lane];
-#pragma unroll
-      for (int o = 1; o < 32; o <<= 1) {
-        const float other = __shfl_up_sync(0xffffffffu, w, o);
-        if (lane >= o) w += other;
-      }
-      scratch[lane] = w;  // inclusive warp offsets
+      scratch[lane] = warp_inclusive_scan(scratch[lane]);  // inclusive warp offsets
     }
     if (tid == 0) chosen_thread = INT_MAX;
     __syncthreads();

@@ -224,14 +224,7 @@ at::Tensor wkv7_cuda(at::Tensor state, const at::Tensor& slot_idx, const at::Ten
     ALBATROSS_CHECK(inputs[q]->scalar_type() == r.scalar_type(), names[q], " must have r's dtype ", r.scalar_type());
     ALBATROSS_CHECK(inputs[q]->device() == state.device(), names[q], " must be on the state's device");
   }
-  check_cuda(slot_idx, "slot_idx");
-  check_cuda(cu_seqlens, "cu_seqlens");
-  ALBATROSS_CHECK(slot_idx.scalar_type() == at::kInt && slot_idx.dim() == 1 && slot_idx.is_contiguous(),
-              "slot_idx must be a contiguous int32 vector");
-  const int64_t S = slot_idx.size(0);
-  ALBATROSS_CHECK(cu_seqlens.scalar_type() == at::kInt && cu_seqlens.dim() == 1 && cu_seqlens.size(0) == S + 1 &&
-                  cu_seqlens.is_contiguous(),
-              "cu_seqlens must be a contiguous int32 vector of length len(slot_idx) + 1");
+  const int64_t S = check_slots(slot_idx, cu_seqlens);
   ALBATROSS_CHECK(S <= INT_MAX && H <= 65535, "too many slots or heads for one launch");
   ALBATROSS_CHECK(!single_token || T == S, "single_token needs one input row per slot, got ", T, " rows for ", S, " slots");
 
