@@ -167,12 +167,11 @@ class Scheduler:
             task.leader = None
 
     def plan(self) -> StepPlan:
-        # One pass over the running tasks (it runs every step, for every slot: a few microseconds
-        # a row add up to milliseconds of host time a step at batch 960).
+        # One pass over the running tasks (it runs every step, for every slot).
         plan = StepPlan(rows=[])
         prefilling: list[EngineTask] = []
         for task in self.running.values():
-            if task.prompt_pos < len(task.prompt_tokens):
+            if task.prefilling:
                 prefilling.append(task)
             elif task.fed < task.sampled:  # else nothing new to feed: waiting for the host to see the task's end
                 self._plan_generated_token(task, plan)
@@ -180,23 +179,23 @@ class Scheduler:
         for task in prefilling:
             if budget == 0:
                 break
-            if task.finish_reason is None and task.leader is None:
+            if not task.finished and task.leader is None:
                 budget -= self._plan_prefill_chunk(task, budget, plan)
         return plan
 
     def _plan_generated_token(self, task: EngineTask, plan: StepPlan) -> None:
-        if task.finish_reason is not None:
+        if task.finished:
             if not task.final_feed_pending:
                 return
             task.final_feed_pending = False
             kind = RowKind.FEED
-        elif task.sampled < task.sampling.max_tokens:  # task.wants_sample()
+        elif task.wants_sample():
             kind = RowKind.DECODE
         elif task.save_key is not None:
             kind = RowKind.FEED  # the final state must include the last token
         else:
             return
-        row = Row(task, task.slot, kind, 0, 0, task.last_sample_row)
+        row = Row(task=task, slot=task.slot, kind=kind, input_row=task.last_sample_row)
         task.fed += 1
         if kind is RowKind.DECODE:
             self._assign_sample(task, row, plan)
