@@ -10,9 +10,7 @@ host copy of the sampled ids per step, as the engine does them.
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import platform
 import sys
 import time
 from dataclasses import asdict, dataclass
@@ -27,6 +25,7 @@ from albatross.cuda_graphs import DecodeGraphRunner  # noqa: E402
 from albatross.model import RWKV7  # noqa: E402
 from albatross.random_checkpoint import NAMED_SHAPES, random_state_dict  # noqa: E402
 from albatross.state import StatePool  # noqa: E402
+from gpu_json import write_gpu_json  # noqa: E402  (bench/ is the script's folder)
 
 
 @dataclass(slots=True)
@@ -249,17 +248,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"{name} vs fp32 weights and state ({args.accuracy_shape}, {acc['tokens']} decode tokens): mean log-loss diff "
               f"{acc['mean_logloss_diff']:+.2e}, greedy agreement {acc['greedy_agreement']:.4f}")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        payload = {
-            "device": torch.cuda.get_device_name(),
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "shape": args.shape,
-            "date": time.strftime("%Y-%m-%d"),
-            "results": [asdict(r) for r in results],
-            "state_accuracy": {"shape": args.accuracy_shape, **accuracy},
-        }
-        args.json.write_text(json.dumps(payload, indent=2))
+        write_gpu_json(args.json, shape=args.shape, results=[asdict(r) for r in results],
+                       state_accuracy={"shape": args.accuracy_shape, **accuracy})  # fmt: skip
     if any(math.isnan(r.tokens_per_s) for r in results):
         raise SystemExit("a benchmark produced NaN")
 

@@ -13,10 +13,7 @@ with the decode kernel (`single_token`) and again with the general kernel ("deco
 from __future__ import annotations
 
 import argparse
-import json
-import platform
 import sys
-import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -26,6 +23,7 @@ import torch.nn.functional as F
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from albatross import cuda_ops, ops  # noqa: E402
+from gpu_json import write_gpu_json  # noqa: E402  (bench/ is the script's folder)
 
 N = ops.HEAD_SIZE
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -115,16 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     for r in results:
         print(f"{r.case:<20}{r.state:>6}{r.slots:>7}{r.us_per_layer:>11.1f}{r.rate:>15.2f}{r.rel_diff:>10.1e}")
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        payload = {
-            "device": torch.cuda.get_device_name(),
-            "torch": torch.__version__,
-            "python": platform.python_version(),
-            "date": time.strftime("%Y-%m-%d"),
-            "act_dtype": args.act_dtype,
-            "results": [asdict(r) for r in results],
-        }
-        args.json.write_text(json.dumps(payload, indent=2))
+        write_gpu_json(args.json, act_dtype=args.act_dtype, results=[asdict(r) for r in results])
 
 
 if __name__ == "__main__":
