@@ -3,12 +3,11 @@
 Each prompt is its own `GenerationRequest` (a `ChoiceJob`); the runner's `GenerationDriver` submits
 them together to a concurrent backend, where they join the engine's shared batch, or in turn under
 the completion lock otherwise, and closes every backend iterator (an abort) however the route ends.
-The event loop only awaits: tokenising runs in a thread, generation in the backend.
+The event loop only awaits: tokenising runs in a thread (runner/jobs.py), generation in the backend.
 """
 
 from __future__ import annotations
 
-import asyncio
 import time
 import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -21,54 +20,12 @@ from starlette.requests import Request
 from runner.context import context
 from runner.errors import ApiError, internal_error
 from runner.generation import ChoiceJob, ChoiceOutcome, GenerationDriver, collect, stream_events
-from runner.interface import AbstractRWKV, BackendError, GenerationEvent, GenerationRequest, SamplingParams, StateRef
+from runner.interface import BackendError, GenerationEvent, SamplingParams, StateRef
+from runner.jobs import build_jobs, check_item_count, check_max_tokens, encode_prompts
 from runner.sse import DONE_EVENT, error_event, event_bytes, sse_response
 
 BATCH_OBJECT = "chat.completion"
 CHUNK_OBJECT = "chat.completion.chunk"
-
-
-def check_batch_size(count: int, cap: int, field_name: str = "contents") -> None:
-    if count == 0:
-        raise ApiError(400, f"{field_name} must hold at least one prompt", field_name)
-    if count > cap:
-        raise ApiError(400, f"{count} prompts exceed the server cap of {cap} items per batch request (--max-batch-items)", field_name)
-
-
-def check_max_tokens(max_tokens: int, cap: int) -> None:
-    if max_tokens > cap:
-        raise ApiError(400, f"max_tokens {max_tokens} exceeds the server cap of {cap} (--max-tokens)", "max_tokens")
-
-
-async def encode_prompts(backend: AbstractRWKV, prompts: Sequence[str], prompt_cap: int, field_name: str = "contents") -> list[list[int]]:
-    """Token ids of every prompt, computed off the event loop; a prompt over the cap is a 400."""
-
-    def encode_all() -> list[list[int]]:
-        return [backend.encode(prompt) if prompt else [] for prompt in prompts]
-
-    encoded = await asyncio.to_thread(encode_all)
-    for index, tokens in enumerate(encoded):
-        if len(tokens) > prompt_cap:
-            raise ApiError(400, f"prompt {index} has {len(tokens)} tokens, over the server cap of {prompt_cap} (--max-prompt-tokens)", field_name)
-    return encoded
-
-
-def build_jobs(
-    token_lists: Sequence[list[int]],
-    sampling: SamplingParams,
-    label: str,
-    state: StateRef | None = None,
-    field_name: str = "contents",
-) -> list[ChoiceJob]:
-    stamp = f"{label}-{time.monotonic_ns():x}"
-    jobs: list[ChoiceJob] = []
-    for index, tokens in enumerate(token_lists):
-        if not tokens and (state is None or state.load_key is None):
-            raise ApiError(400, f"prompt {index} is empty", field_name)
-        row_state = None if state is None else StateRef(state.load_key, state.save_key, state.use_prefix_cache)
-        request = GenerationRequest(prompt_tokens=list(tokens), sampling=sampling, request_id=f"{stamp}-{index}", state=row_state)
-        jobs.append(ChoiceJob(index, request))
-    return jobs
 
 
 def usage(outcomes: Sequence[ChoiceOutcome]) -> dict[str, int]:
@@ -214,10 +171,11 @@ async def _prepare(request: Request, spec: NativeSpec) -> tuple[GenerationDriver
     if ctx.profile.enabled:
         ctx.profile.requests += 1
     backend = ctx.manager.require_backend()
-    check_batch_size(len(spec.prompts), ctx.settings.max_batch_items, spec.field_name)
+    check_item_count(len(spec.prompts), ctx.settings.max_batch_items, spec.field_name)
     check_max_tokens(spec.sampling.max_tokens, ctx.settings.max_tokens)
-    encoded = await encode_prompts(backend, spec.prompts, ctx.settings.max_prompt_tokens, spec.field_name)
-    jobs = build_jobs(encoded, spec.sampling, spec.response_id, spec.state, spec.field_name)
+    encoded = await encode_prompts(backend, spec.prompts, ctx.settings.max_prompt_tokens, spec.field_name, spec.state)
+    # The native reply's id is fixed per route; the engine's request ids stay unique.
+    jobs = build_jobs(encoded, spec.sampling, f"{spec.response_id}-{time.monotonic_ns():x}", spec.state)
     return GenerationDriver(request, ctx.manager, backend, jobs, ctx.profile, ctx.metrics), jobs
 
 

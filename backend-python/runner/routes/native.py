@@ -24,7 +24,7 @@ from runner.native_schemas import (
     NativeBatchRequestV2,
     TranslateRequest,
 )
-from runner.routes.openai import run_completion
+from runner.routes.openai import CompletionSpec, run_completion
 from runner.schemas import ChatCompletionRequest, read_json_object, validate_body
 from runner.sessions import session_store_of
 
@@ -202,7 +202,7 @@ async def openai_native_chat(request: Request) -> Response:
     backend = context(request).manager.require_backend()
     # Only a backend with a state cache resumes from prefixes; the others refuse any StateRef.
     state = StateRef(use_prefix_cache=True) if use_prefix_cache and session_store_of(backend) is not None else None
-    return await run_completion(request, "chat", body, [prompt], max_tokens, stops, OPENAI_NATIVE_DEFAULTS, logprobs, state)
+    return await run_completion(request, CompletionSpec("chat", body, [prompt], max_tokens, stops, OPENAI_NATIVE_DEFAULTS, logprobs, state))
 
 
 def _validate_without_messages(payload: dict[str, Any], route: str) -> ChatCompletionRequest:

@@ -18,8 +18,9 @@ from fastapi.responses import JSONResponse, Response
 
 from runner.context import AppContext, context
 from runner.errors import ApiError
-from runner.generation import ChoiceJob, GenerationDriver, collect, stream_events
-from runner.interface import END_OF_TEXT_TOKEN, AbstractRWKV, BackendError, GenerationRequest, SamplingParams, StateRef
+from runner.generation import GenerationDriver, collect, stream_events
+from runner.interface import END_OF_TEXT_TOKEN, AbstractRWKV, BackendError, SamplingParams, StateRef
+from runner.jobs import build_jobs, check_item_count, check_max_tokens, encode_prompts
 from runner.openai_format import OpenAIStreamFormatter, choice_payload, usage_payload
 from runner.prompts import DEFAULT_CHAT_STOPS, chat_prompt, stop_list
 from runner.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields, read_json_object, validate_body
@@ -62,112 +63,64 @@ def prefix_cache_state(backend: AbstractRWKV) -> StateRef | None:
     return StateRef(use_prefix_cache=True) if backend.state_store is not None else None
 
 
-def sampling_for(ctx: AppContext, backend: AbstractRWKV, body: SamplingFields, max_tokens: int | None, stops: tuple[str, ...], overrides: Mapping[str, Any], logprobs: int | None) -> SamplingParams:
-    defaults = dataclasses.replace(ctx.manager.sampling_defaults(backend), **overrides)
-    cap = ctx.settings.max_tokens
-    chosen_max = defaults.max_tokens if max_tokens is None else max_tokens
-    if chosen_max > cap:
-        raise ApiError(400, f"max_tokens {chosen_max} exceeds the server cap of {cap} (--max-tokens)", "max_tokens")
+def sampling_for(ctx: AppContext, backend: AbstractRWKV, spec: CompletionSpec) -> SamplingParams:
+    defaults = dataclasses.replace(ctx.manager.sampling_defaults(backend), **spec.overrides)
+    body = spec.body
+    max_tokens = defaults.max_tokens if spec.max_tokens is None else spec.max_tokens
+    check_max_tokens(max_tokens, ctx.settings.max_tokens)
     stop_ids = tuple(body.stop_token_ids) if body.stop_token_ids is not None else (END_OF_TEXT_TOKEN,)
-
-    def pick(name: str) -> Any:
-        value = getattr(body, name)
-        return getattr(defaults, name) if value is None else value
-
+    knobs = {**dataclasses.asdict(defaults), **body.sampling_values()}
+    del knobs["max_tokens"]  # chosen above: chat bodies also have max_completion_tokens
     try:
-        return SamplingParams(
-            max_tokens=chosen_max,
-            temperature=pick("temperature"),
-            top_p=pick("top_p"),
-            top_k=pick("top_k"),
-            presence_penalty=pick("presence_penalty"),
-            frequency_penalty=pick("frequency_penalty"),
-            penalty_decay=pick("penalty_decay"),
-            stop=stops,
-            stop_token_ids=stop_ids,
-            seed=body.seed,
-            logprobs=logprobs,
-        )
+        return SamplingParams(max_tokens=max_tokens, stop=spec.stops, stop_token_ids=stop_ids, seed=body.seed, logprobs=spec.logprobs, **knobs)
     except ValueError as exc:
         raise ApiError(422, str(exc)) from exc
 
 
-def encode_prompts(ctx: AppContext, backend: AbstractRWKV, prompts: Sequence[str]) -> list[list[int]]:
-    cap = ctx.settings.max_prompt_tokens
-    encoded: list[list[int]] = []
-    for prompt in prompts:
-        # An empty prompt starts a document from scratch: RWKV World documents begin after token 0.
-        tokens = backend.encode(prompt) if prompt else [END_OF_TEXT_TOKEN]
-        if len(tokens) > cap:
-            raise ApiError(400, f"the prompt has {len(tokens)} tokens, over the server cap of {cap} (--max-prompt-tokens)", "prompt")
-        encoded.append(tokens)
-    return encoded
+@dataclass(frozen=True, slots=True)
+class CompletionSpec:
+    """A chat or text completion, ready to run: what the body asked, after the route's reading."""
+
+    kind: Kind
+    body: SamplingFields
+    prompts: Sequence[str]
+    max_tokens: int | None  # None: the defaults'
+    stops: tuple[str, ...]
+    overrides: Mapping[str, Any] = field(default_factory=dict)  # route defaults over /update-config and the backend's
+    logprobs: int | None = None
+    state: StateRef | None = None
 
 
-def build_jobs(prompts: list[list[int]], n: int, sampling: SamplingParams, request_id: str, state: StateRef | None) -> list[ChoiceJob]:
-    """Choice `p * n + j` is sample j of prompt p; sample j uses seed + j, so a seeded request
-    returns the same choices whatever else runs."""
-    jobs: list[ChoiceJob] = []
-    for p, tokens in enumerate(prompts):
-        for j in range(n):
-            seeded = sampling if sampling.seed is None or j == 0 else dataclasses.replace(sampling, seed=sampling.seed + j)
-            index = p * n + j
-            jobs.append(ChoiceJob(index, GenerationRequest(list(tokens), seeded, f"{request_id}-{index}", state)))
-    return jobs
-
-
-async def run_completion(
-    request: Request,
-    kind: Kind,
-    body: SamplingFields,
-    prompts: Sequence[str],
-    max_tokens: int | None,
-    stops: tuple[str, ...],
-    overrides: Mapping[str, Any],
-    logprobs: int | None,
-    state: StateRef | None = None,
-) -> Response:
+async def run_completion(request: Request, spec: CompletionSpec) -> Response:
     ctx = context(request)
     ctx.metrics.count_request(request.scope["path"])
     try:
-        return await _run_completion(ctx, request, kind, body, prompts, max_tokens, stops, overrides, logprobs, state)
+        return await _run_completion(ctx, request, spec)
     except (ApiError, BackendError) as exc:
         ctx.metrics.count_error(exc.status_code)
         raise
 
 
-async def _run_completion(
-    ctx: AppContext,
-    request: Request,
-    kind: Kind,
-    body: SamplingFields,
-    prompts: Sequence[str],
-    max_tokens: int | None,
-    stops: tuple[str, ...],
-    overrides: Mapping[str, Any],
-    logprobs: int | None,
-    state: StateRef | None,
-) -> Response:
+async def _run_completion(ctx: AppContext, request: Request, spec: CompletionSpec) -> Response:
     if ctx.profile.enabled:
         ctx.profile.requests += 1
+    body, kind = spec.body, spec.kind
     unsupported = body.unsupported_field()
     if unsupported is not None:
         raise ApiError(400, f"{unsupported} is not supported by this server yet", unsupported)
     stop_problem = body.stop_problem()
     if stop_problem is not None:
         raise ApiError(422, stop_problem, "stop")
-    choices = len(prompts) * body.n
-    if choices > ctx.settings.max_batch_items:
-        raise ApiError(400, f"{choices} choices exceed the server cap of {ctx.settings.max_batch_items} per request (--max-batch-items)", "n")
+    check_item_count(len(spec.prompts) * body.n, ctx.settings.max_batch_items, "n", what="choices")
     backend = ctx.manager.require_backend()
-    sampling = sampling_for(ctx, backend, body, max_tokens, stops, overrides, logprobs)
-    encoded = encode_prompts(ctx, backend, prompts)
+    sampling = sampling_for(ctx, backend, spec)
+    encoded = await encode_prompts(backend, spec.prompts, ctx.settings.max_prompt_tokens, "prompt", spec.state)
 
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     response_id = f"{prefix}-{uuid.uuid4().hex}"
     created = int(time.time())
     model = body.model or backend.name
-    jobs = build_jobs(encoded, body.n, sampling, response_id, state)
+    jobs = build_jobs(encoded, sampling, response_id, spec.state, body.n)
     driver = GenerationDriver(request, ctx.manager, backend, jobs, ctx.profile, ctx.metrics)
 
     if body.stream:
@@ -209,7 +162,8 @@ def make_chat_endpoint(config: ChatRouteConfig) -> Callable[[Request], Awaitable
         stops = stop_list(body.stop, config.default_stops)
         prompt = config.build_prompt(body)
         state = config.state_for(body, context(request).manager.require_backend())
-        return await run_completion(request, "chat", body, [prompt], max_tokens, stops, config.sampling_overrides, logprobs, state)
+        spec = CompletionSpec("chat", body, [prompt], max_tokens, stops, config.sampling_overrides, logprobs, state)
+        return await run_completion(request, spec)
 
     return chat_completions
 
@@ -221,7 +175,7 @@ async def completions(request: Request) -> Response:
         raise ApiError(422, "prompt: the list must hold at least one prompt", "prompt")
     if body.stream_options is not None and not body.stream:
         raise ApiError(400, "stream_options is only allowed with stream: true", "stream_options")
-    return await run_completion(request, "text", body, prompts, body.max_tokens, stop_list(body.stop), {}, body.logprobs)
+    return await run_completion(request, CompletionSpec("text", body, prompts, body.max_tokens, stop_list(body.stop), logprobs=body.logprobs))
 
 
 RUNNER_CHAT = ChatRouteConfig()
