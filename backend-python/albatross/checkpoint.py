@@ -14,7 +14,8 @@ from pathlib import Path
 
 import torch
 
-SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+from albatross.dtypes import SUPPORTED_DTYPES
+
 _BLOCK_KEY = re.compile(r"^blocks\.(\d+)\.")
 
 # Per block, in the order the checks run, so the error names the first bad key of a file.

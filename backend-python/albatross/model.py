@@ -19,13 +19,9 @@ from tqdm import tqdm
 
 from albatross import ops
 from albatross.checkpoint import ModelConfig, fingerprint, read_state_dict, resolve_checkpoint_path, validate_state_dict
+from albatross.dtypes import DTYPES, SUPPORTED_DTYPES, default_dtype_name, dtype_named
 from albatross.state import StatePool
 
-_DTYPES = {
-    "fp32": torch.float32, "float32": torch.float32,
-    "fp16": torch.float16, "float16": torch.float16, "half": torch.float16,
-    "bf16": torch.bfloat16, "bfloat16": torch.bfloat16,
-}  # fmt: skip
 _ATT_MIX = ("x_r", "x_k", "x_v", "x_w", "x_a", "x_g")  # r, k, v first: their mixes feed one bmm
 _MATRICES = ("receptance.weight", "key.weight", "value.weight", "output.weight", "head.weight")
 _EMB_NORM_ROWS = 8192  # rows of the embedding layer-normed at once (bounds the fp32 temporary)
@@ -69,12 +65,10 @@ class LayerWeights:
 
 def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
     if dtype is None:
-        return torch.float16 if device.type == "cuda" else torch.float32
+        return DTYPES[default_dtype_name(device.type)]
     if isinstance(dtype, str):
-        if dtype not in _DTYPES:
-            raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(sorted(_DTYPES))}")
-        return _DTYPES[dtype]
-    if dtype not in (torch.float32, torch.float16, torch.bfloat16):
+        return dtype_named(dtype)
+    if dtype not in SUPPORTED_DTYPES:
         raise ValueError(f"dtype must be fp32, fp16 or bf16; got {dtype}")
     return dtype
 

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import torch
 
+from albatross.dtypes import DTYPES
+
 HEAD_SIZE = 64
 VOCAB_SIZE = 65536
 
-_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 
 def _lora_rank(width: int, factor: float, power: float) -> int:
@@ -144,14 +145,14 @@ def write_random_checkpoint(
     path: str | Path, shape: CheckpointShape, seed: int = 0, dtype: str = "fp32"
 ) -> Path:
     """Write a checkpoint to `path` (`.pth` is appended when missing) and return the final path."""
-    if dtype not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(_DTYPES)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
     path = Path(path)
     if path.suffix != ".pth":
         path = path.with_name(path.name + ".pth")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".partial")
-    torch.save(random_state_dict(shape, seed=seed, dtype=_DTYPES[dtype]), tmp)
+    torch.save(random_state_dict(shape, seed=seed, dtype=DTYPES[dtype]), tmp)
     tmp.replace(path)  # a crash never leaves a truncated checkpoint under the final name
     return path
 
@@ -162,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shape", choices=sorted(NAMED_SHAPES), help="a named model shape")
     parser.add_argument("--layers", type=int, help="layer count (overrides --shape)")
     parser.add_argument("--width", type=int, help="embedding width, a multiple of 64 (overrides --shape)")
-    parser.add_argument("--dtype", choices=sorted(_DTYPES), default="fp32")
+    parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     base = NAMED_SHAPES[args.shape or "tiny"]

@@ -16,16 +16,14 @@ from typing import TYPE_CHECKING
 import torch
 
 from albatross.checkpoint import ModelConfig
+from albatross.dtypes import SUPPORTED_DTYPES, dtype_named, torch_name
 from albatross.ops import host_to_device
 
 if TYPE_CHECKING:
     from albatross.model import RWKV7
 
-STATE_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 _MAGIC = b"RWKV7ST1"
 _HEADER_LEN = struct.Struct("<I")
-_DTYPE_NAMES = {torch.float32: "float32", torch.float16: "float16", torch.bfloat16: "bfloat16"}
-_DTYPES_BY_NAME = {name: dtype for dtype, name in _DTYPE_NAMES.items()}
 _FIELDS = ("att_shift", "ffn_shift", "wkv")
 
 
@@ -80,7 +78,7 @@ class SlotState:
         tensor), then the raw tensor bytes in header order."""
         tensors = [getattr(self, name).detach().cpu().contiguous() for name in _FIELDS]
         header = json.dumps(
-            {name: [_DTYPE_NAMES[t.dtype], list(t.shape)] for name, t in zip(_FIELDS, tensors)},
+            {name: [torch_name(t.dtype), list(t.shape)] for name, t in zip(_FIELDS, tensors)},
             separators=(",", ":"),
         ).encode()
         parts = [_MAGIC, _HEADER_LEN.pack(len(header)), header]
@@ -96,7 +94,7 @@ class SlotState:
         (header_len,) = _HEADER_LEN.unpack_from(data, len(_MAGIC))
         try:
             header = json.loads(data[prefix : prefix + header_len])
-            specs = [(_DTYPES_BY_NAME[header[name][0]], [int(d) for d in header[name][1]]) for name in _FIELDS]
+            specs = [(dtype_named(header[name][0]), [int(d) for d in header[name][1]]) for name in _FIELDS]
         except (KeyError, ValueError, TypeError, IndexError) as error:
             raise ValueError(f"corrupt slot state header: {error}") from error
         offset = prefix + header_len
@@ -124,7 +122,7 @@ class StatePool:
     def __init__(self, model: RWKV7, batch_size: int, state_dtype: torch.dtype = torch.float32) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be >= 1, got {batch_size}")
-        if state_dtype not in STATE_DTYPES:
+        if state_dtype not in SUPPORTED_DTYPES:
             raise ValueError(f"state_dtype must be one of fp32, fp16, bf16; got {state_dtype}")
         config = model.config
         self.config: ModelConfig = config

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from albatross.dtypes import DTYPES
 from albatross.model import RWKV7
 from albatross.random_checkpoint import NAMED_SHAPES, CheckpointShape, random_state_dict
 from albatross.tokenizer import Tokenizer, get_tokenizer
@@ -29,7 +30,7 @@ from albatross_engine.core import INIT_ERROR_PREFIX, AsyncEngineCore
 from albatross_engine.state_store import PromptEndIndex, StateStore
 from albatross_engine.tasks import AsyncChannel, EngineTask, EventChannel, EventItem, SyncChannel, merge_events
 from albatross_engine.worker import ModelLoader, Worker
-from runner.interface import AbstractRWKV, BackendError, GenerationEvent, GenerationRequest, SamplingDefaults
+from runner.interface import AbstractRWKV, BackendError, GenerationEvent, GenerationRequest
 
 if TYPE_CHECKING:
     from runner.settings import ServerSettings
@@ -46,7 +47,6 @@ class AlbatrossRWKV(AbstractRWKV):
     tokenizer_len = 65536
     backend_name = "albatross"
     concurrent = True
-    defaults = SamplingDefaults()
 
     def __init__(
         self,
@@ -75,7 +75,7 @@ class AlbatrossRWKV(AbstractRWKV):
         self._owns_store = False
         self.fingerprint: str | None = None
         self.devices = _worker_devices(self.config, model)
-        loader = _prebuilt_loader(model) if model is not None else _model_loader(model_path, self.config.dtype)
+        loader = _prebuilt_loader(model) if model is not None else _model_loader(model_path, self.config)
         self._core: AsyncEngineCore | None = None
         self._init_engine(loader, init_timeout)
 
@@ -235,12 +235,11 @@ class AlbatrossRWKV(AbstractRWKV):
     def status(self) -> dict[str, object]:
         core = self._core
         metrics = core.metrics().as_dict() if core is not None else {}
-        dtype = self.config.dtype or ("fp16" if self.devices[0].type == "cuda" else "fp32")
         result: dict[str, object] = {
             "worker_num": self.config.worker_num,
             "batch_size": self.config.batch_size,
             "device": ", ".join(str(d) for d in self.devices),
-            "dtype": dtype,
+            "dtype": self.config.effective_dtype(self.devices[0].type),
             "state_dtype": self.config.effective_state_dtype(self.devices[0].type),
             "prefill_chunk": self.config.prefill_chunk,
             "prefill_budget": self.config.prefill_budget,
@@ -292,21 +291,19 @@ def parse_random_spec(spec: str) -> tuple[CheckpointShape, int]:
     raise ValueError(f"unknown random model shape {shape_name!r}; known: {', '.join(NAMED_SHAPES)} or <layers>x<width>")
 
 
-def _model_loader(model_path: str, dtype: str | None) -> ModelLoader:
+def _model_loader(model_path: str, config: AlbatrossBackendConfig) -> ModelLoader:
     if model_path.startswith(RANDOM_MODEL_PREFIX):
         shape, seed = parse_random_spec(model_path)
 
         def load_random(device: torch.device) -> RWKV7:
-            weights_dtype = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}.get(
-                dtype or ("fp16" if device.type == "cuda" else "fp32")
-            )
-            state_dict = random_state_dict(shape, seed=seed, dtype=weights_dtype or torch.float32, device=device)
+            dtype = config.effective_dtype(device.type)
+            state_dict = random_state_dict(shape, seed=seed, dtype=DTYPES[dtype], device=device)
             return RWKV7.from_state_dict(state_dict, device, dtype, name=_model_name(model_path), progress=False)
 
         return load_random
 
     def load_file(device: torch.device) -> RWKV7:
-        return RWKV7.load(model_path, device, dtype, progress=False)
+        return RWKV7.load(model_path, device, config.effective_dtype(device.type), progress=False)
 
     return load_file
 

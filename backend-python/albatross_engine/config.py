@@ -13,11 +13,12 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, fields
 
+from albatross.dtypes import DTYPES, default_dtype_name
+from runner.backends import ALBATROSS_STRATEGY_WORDS as STRATEGY_WORDS
+
 logger = logging.getLogger(__name__)
 
-STRATEGY_WORDS = ("albatross", "chirrup")
-MODEL_DTYPES = ("fp16", "bf16", "fp32")
-STATE_DTYPES = ("fp32", "fp16", "bf16")
+DTYPE_NAMES = tuple(DTYPES)  # for weights and activations (`dtype`) and WKV states (`state_dtype`)
 # Short chunks from many prompts rather than long chunks from few: a (slot, head) of the WKV kernel
 # is a serial chain of ~1 us a token, so a step's WKV time follows its longest chunk, while the
 # matmuls only see the total. H200, 7.2B, 960 requests (docs/performance.md): 128 / 8192 gave
@@ -51,20 +52,20 @@ class AlbatrossBackendConfig:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
         if self.device is not None and not _DEVICE_PATTERN.match(self.device):
             raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
-        if self.dtype is not None and self.dtype not in MODEL_DTYPES:
-            raise ValueError(f"dtype must be one of {', '.join(MODEL_DTYPES)}, got {self.dtype!r}")
-        if self.state_dtype is not None and self.state_dtype not in STATE_DTYPES:
-            raise ValueError(f"state_dtype must be one of {', '.join(STATE_DTYPES)}, got {self.state_dtype!r}")
+        for name in ("dtype", "state_dtype"):
+            value = getattr(self, name)
+            if value is not None and value not in DTYPE_NAMES:
+                raise ValueError(f"{name} must be one of {', '.join(DTYPE_NAMES)}, got {value!r}")
 
+    def effective_dtype(self, device_type: str) -> str:
+        """The weights' and activations' type on `device_type` (albatross.dtypes has the default)."""
+        return self.dtype or default_dtype_name(device_type)
 
     def effective_state_dtype(self, device_type: str) -> str:
-        """The WKV state precision a worker on `device_type` uses. On a GPU the default is fp16: it
-        decodes 12-16% faster at batch 960 and, measured against an all-fp32 model, costs less than
-        the fp16 weights already do (docs/performance.md, "Default WKV state dtype"). On the CPU
-        the engine stays fp32, bit-comparable with the reference package."""
-        if self.state_dtype is not None:
-            return self.state_dtype
-        return "fp16" if device_type == "cuda" else "fp32"
+        """The WKV state precision on `device_type`. On a GPU the default fp16 decodes 12-16%
+        faster at batch 960 and costs less accuracy than the fp16 weights already do
+        (docs/performance.md, "Default WKV state dtype")."""
+        return self.state_dtype or default_dtype_name(device_type)
 
 
 def is_albatross_strategy(strategy: str) -> bool:
@@ -107,10 +108,10 @@ _KEYS: dict[str, tuple[str, Callable[[str], object]]] = {
     "batch": ("batch_size", _positive_int),
     "batch_size": ("batch_size", _positive_int),
     "device": ("device", _device),
-    "dtype": ("dtype", _choice(MODEL_DTYPES)),
+    "dtype": ("dtype", _choice(DTYPE_NAMES)),
     "prefill_chunk": ("prefill_chunk", _positive_int),
     "prefill_budget": ("prefill_budget", _positive_int),
-    "state_dtype": ("state_dtype", _choice(STATE_DTYPES)),
+    "state_dtype": ("state_dtype", _choice(DTYPE_NAMES)),
     "overlap": ("overlap", _boolean),
     "cuda_graphs": ("cuda_graphs", _boolean),
 }

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from albatross.dtypes import DTYPES
 from albatross.model import RWKV7
 from albatross.ops import FlatBatch, host_to_device
 from albatross import cuda_ops
@@ -28,7 +29,6 @@ from albatross_engine.scheduler import RowKind, StepPlan
 
 logger = logging.getLogger(__name__)
 
-STATE_DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 ForwardDecode = Callable[[RWKV7, StatePool, FlatBatch, torch.Tensor], torch.Tensor]
 
 
@@ -73,7 +73,7 @@ class DeviceStep:
         self._forward_decode = _import_forward_decode() if device_decode else None
         use_graphs = cuda_graphs and self.device.type == "cuda" and self._forward_decode is not None
         # Graph replays pad short batches with a scratch slot, which the scheduler never hands out.
-        self.pool = model.new_pool(batch_size + (1 if use_graphs else 0), STATE_DTYPES[state_dtype])
+        self.pool = model.new_pool(batch_size + (1 if use_graphs else 0), DTYPES[state_dtype])
         self.penalties = PenaltyPool(batch_size, model.config.vocab_size, model.device)
         self._graphs = _decode_graph_runner(model, self.pool, batch_size) if use_graphs else None
         self._largest_bucket = max(self._graphs.buckets) if self._graphs is not None else 0  # type: ignore[attr-defined]

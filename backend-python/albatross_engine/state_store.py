@@ -14,10 +14,11 @@ from array import array
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from runner.interface import PREFIX_CACHE_KEY_PREFIX
+
 if TYPE_CHECKING:
     from albatross.state import SlotState
 
-PREFIX_KEY_PREFIX = "prefix:"
 PREFIX_BOUNDARY_TOKENS = 256  # prompts are checkpointed every this many tokens and at their end
 
 
@@ -42,7 +43,7 @@ def token_bytes(token_ids: Sequence[int]) -> bytes:
 
 def prefix_key(token_ids: Sequence[int]) -> str:
     """`prefix:<sha256 of the ids as little-endian uint32>`: the key of the state after `token_ids`."""
-    return PREFIX_KEY_PREFIX + hashlib.sha256(token_bytes(token_ids)).hexdigest()
+    return PREFIX_CACHE_KEY_PREFIX + hashlib.sha256(token_bytes(token_ids)).hexdigest()
 
 
 class PrefixHasher:
@@ -64,7 +65,7 @@ class PrefixHasher:
             raise ValueError(f"prefix length {length} outside [{self._length}, {len(self._tokens)}]")
         self._hash.update(token_bytes(self._tokens[self._length : length]))
         self._length = length
-        return PREFIX_KEY_PREFIX + self._hash.copy().hexdigest()
+        return PREFIX_CACHE_KEY_PREFIX + self._hash.copy().hexdigest()
 
 
 class DictStateStore:

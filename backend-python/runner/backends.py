@@ -44,8 +44,11 @@ class BackendLoadError(RuntimeError):
     pass
 
 
+# The Albatross engine parses the rest of its strategy itself (albatross_engine/config.py).
+ALBATROSS_STRATEGY_WORDS: tuple[str, ...] = ("albatross", "chirrup")
+
 BACKENDS: tuple[BackendEntry, ...] = (
-    BackendEntry("albatross", ("albatross", "chirrup"), "albatross_engine.adapter:create_backend", "albatross workers=1 batch=32"),
+    BackendEntry("albatross", ALBATROSS_STRATEGY_WORDS, "albatross_engine.adapter:create_backend", "albatross workers=1 batch=32"),
     BackendEntry("classic", ("cpu", "cuda"), "runner.classic_backend:create_backend", "cpu fp32"),
 )
 

@@ -33,7 +33,6 @@ from runner.interface import (
     FinishReason,
     GenerationEvent,
     GenerationRequest,
-    SamplingDefaults,
     TokenLogprob,
 )
 
@@ -84,7 +83,6 @@ class ClassicRWKV(AbstractRWKV):
         self.name = base.name
         self.version = 7
         self.tokenizer_len = 65536
-        self.defaults = SamplingDefaults()
         self.device = torch.device("cuda" if self.strategy.startswith("cuda") else "cpu")
         self.tokenizer = tokenizer or get_tokenizer()
         self._model: Any = _rwkv7_model_class()(str(base), self.strategy)

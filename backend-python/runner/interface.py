@@ -15,6 +15,25 @@ from typing import Literal
 FinishReason = Literal["stop", "length", "abort", "error"]
 
 END_OF_TEXT_TOKEN = 0  # RWKV World: id 0 ends a document; generation stops on it unless told otherwise
+# State keys a backend's prefix cache owns (`prefix:<sha256>`): never a session's.
+PREFIX_CACHE_KEY_PREFIX = "prefix:"
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingDefaults:
+    """The runner's defaults for the sampling fields a request and /update-config leave out
+    (docs/api.md); `SamplingParams` takes its own defaults from here."""
+
+    max_tokens: int = 500
+    temperature: float = 1.0
+    top_p: float = 0.3
+    top_k: int = 0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 1.0
+    penalty_decay: float = 0.996
+
+
+_DEFAULTS = SamplingDefaults()
 
 
 @dataclass(frozen=True, slots=True)
@@ -23,13 +42,13 @@ class SamplingParams:
     `presence_penalty` on first use and `frequency_penalty` on every use, and every penalty is
     multiplied by `penalty_decay` after each generated token."""
 
-    max_tokens: int = 500
-    temperature: float = 1.0  # 0 means greedy
-    top_p: float = 0.3
-    top_k: int = 0  # 0 means off
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 1.0
-    penalty_decay: float = 0.996
+    max_tokens: int = _DEFAULTS.max_tokens
+    temperature: float = _DEFAULTS.temperature  # 0 means greedy
+    top_p: float = _DEFAULTS.top_p
+    top_k: int = _DEFAULTS.top_k  # 0 means off
+    presence_penalty: float = _DEFAULTS.presence_penalty
+    frequency_penalty: float = _DEFAULTS.frequency_penalty
+    penalty_decay: float = _DEFAULTS.penalty_decay
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = (END_OF_TEXT_TOKEN,)
     seed: int | None = None  # None: the backend draws one
@@ -102,19 +121,6 @@ class BackendError(Exception):
         super().__init__(message)
         self.status_code = status_code
         self.message = message
-
-
-@dataclass(frozen=True, slots=True)
-class SamplingDefaults:
-    """The runner's defaults for fields a request and /update-config leave out (API.md)."""
-
-    max_tokens: int = 500
-    temperature: float = 1.0
-    top_p: float = 0.3
-    top_k: int = 0
-    presence_penalty: float = 0.0
-    frequency_penalty: float = 1.0
-    penalty_decay: float = 0.996
 
 
 class AbstractRWKV(abc.ABC):

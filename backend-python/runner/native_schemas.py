@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from runner.interface import SamplingParams
+from runner.interface import PREFIX_CACHE_KEY_PREFIX, SamplingParams
 
 DEFAULT_NATIVE_STOPS: tuple[str, ...] = ("\nUser:",)
 
@@ -111,8 +111,8 @@ class StateChatRequest(NativeBatchRequest):
     @field_validator("session_id")
     @classmethod
     def _session_id_text(cls, session_id: str | None) -> str | None:
-        if session_id is not None and ("\x00" in session_id or session_id.startswith("prefix:")):
-            raise ValueError("a session_id must not contain NUL or start with 'prefix:'")
+        if session_id is not None and ("\x00" in session_id or session_id.startswith(PREFIX_CACHE_KEY_PREFIX)):
+            raise ValueError(f"a session_id must not contain NUL or start with {PREFIX_CACHE_KEY_PREFIX!r}")
         return session_id
 
 

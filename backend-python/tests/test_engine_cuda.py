@@ -14,7 +14,7 @@ from albatross.model import RWKV7
 from albatross.random_checkpoint import CheckpointShape, random_state_dict
 from albatross.sampler import PenaltyPool, SamplingBatch, sample, seed_to_seed32
 from albatross_engine.adapter import AlbatrossRWKV
-from albatross_engine.device_step import STATE_DTYPES
+from albatross.dtypes import DTYPES
 from engine_helpers import collect, token_ids
 from runner.interface import GenerationRequest, SamplingParams
 
@@ -47,7 +47,7 @@ def engine(request: pytest.FixtureRequest) -> Iterator[AlbatrossRWKV]:
 
 
 def reference_tokens(model: RWKV7, prompt: list[int], params: SamplingParams, seed: int, state_dtype: str = "fp32") -> list[int]:
-    pool = model.new_pool(1, STATE_DTYPES[state_dtype])
+    pool = model.new_pool(1, DTYPES[state_dtype])
     penalties = PenaltyPool(1, model.config.vocab_size, model.device)
     slot = torch.tensor([0], device=model.device)
     logits = model.forward(pool, [0], [prompt])

@@ -45,10 +45,10 @@ from albatross_engine.state_cache.records import (
     tensor_fields,
 )
 from albatross_engine.state_cache.sqlite_tier import SqliteTier
+from runner.interface import PREFIX_CACHE_KEY_PREFIX
 
 logger = logging.getLogger(__name__)
 
-PREFIX_CACHE_KEY_PREFIX = "prefix:"
 
 _CPU = torch.device("cpu")
 

@@ -8,7 +8,7 @@ import os
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from runner.backends import default_strategy, first_word
+from runner.backends import ALBATROSS_STRATEGY_WORDS, default_strategy, first_word
 from runner.context import AppContext, context
 from runner.errors import ApiError
 from runner.model_manager import SwitchInProgress
@@ -23,7 +23,7 @@ def device_name(ctx: AppContext, effective: dict[str, object]) -> str:
     if isinstance(reported, str) and reported:
         return reported
     strategy = ctx.manager.strategy or ""
-    if first_word(strategy) in ("cuda", "albatross", "chirrup") and "cpu" not in strategy.split()[1:2]:
+    if first_word(strategy) in ("cuda", *ALBATROSS_STRATEGY_WORDS) and "cpu" not in strategy.split()[1:2]:
         import torch  # lazy: /status must stay fast to import and cheap without a GPU
 
         if torch.cuda.is_available():

@@ -18,7 +18,7 @@ from fastapi.responses import JSONResponse, Response
 
 from runner.context import context
 from runner.errors import ApiError
-from runner.interface import StateRef
+from runner.interface import PREFIX_CACHE_KEY_PREFIX, StateRef
 from runner.native_batch import NativeSpec, run_native
 from runner.native_schemas import StateChatRequest, StateDeleteRequest, StateStatusRequest
 from runner.schemas import read_json_object, validate_body
@@ -37,7 +37,6 @@ router = APIRouter()
 STATE_ID = "rwkv7-batch"
 MULTI_STATE_ID = "rwkv7-multi-state"
 PERSIST_TIMEOUT_S = 60.0
-PREFIX_CACHE_KEYS = "prefix:"
 CACHE_LEVELS = {"L1": "L1 (VRAM)", "L2": "L2 (RAM)", "L3": "Database (Disk)"}
 
 
@@ -148,7 +147,7 @@ async def state_status(request: Request) -> Response:
     if raw.strip():
         validate_body(StateStatusRequest, await read_json_object(request), request.url.path)
     store = _store(request)
-    entries = [e for e in await asyncio.to_thread(store.sessions) if not e.key.startswith(PREFIX_CACHE_KEYS)]
+    entries = [e for e in await asyncio.to_thread(store.sessions) if not e.key.startswith(PREFIX_CACHE_KEY_PREFIX)]
     counts = {tier: sum(1 for e in entries if e.tier == tier) for tier in CACHE_LEVELS}
     return JSONResponse(
         {
@@ -167,7 +166,7 @@ async def state_delete(request: Request) -> Response:
     body = validate_body(StateDeleteRequest, await read_json_object(request), request.url.path)
     if not body.session_id:
         raise ApiError(400, "missing session_id", "session_id")
-    if body.session_id.startswith(PREFIX_CACHE_KEYS):
+    if body.session_id.startswith(PREFIX_CACHE_KEY_PREFIX):
         raise ApiError(400, "prefix-cache entries are not sessions", "session_id")
     store = _store(request)
     session_id = body.session_id
