@@ -63,14 +63,12 @@ class IssuedStep:
 
 
 class DeviceStep:
-    def __init__(
-        self, model: RWKV7, batch_size: int, state_dtype: str = "fp32", cuda_graphs: bool = True, device_decode: bool = True
-    ) -> None:
+    def __init__(self, model: RWKV7, batch_size: int, state_dtype: str = "fp32", cuda_graphs: bool = True) -> None:
         self.model = model
         self.device = model.device
         self.vocab_size = model.config.vocab_size
         # The decode forward from device ids, when the kernels module provides it.
-        self._forward_decode = _import_forward_decode() if device_decode else None
+        self._forward_decode = _import_forward_decode()
         use_graphs = cuda_graphs and self.device.type == "cuda" and self._forward_decode is not None
         # Graph replays pad short batches with a scratch slot, which the scheduler never hands out.
         self.pool = model.new_pool(batch_size + (1 if use_graphs else 0), DTYPES[state_dtype])

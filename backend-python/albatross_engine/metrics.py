@@ -9,6 +9,8 @@ from __future__ import annotations
 import threading
 from dataclasses import asdict, dataclass, field
 
+from runner.interface import FinishReason
+
 _EMA = 0.1  # weight of the newest step in the moving averages
 
 
@@ -24,7 +26,7 @@ class MetricsSnapshot:
     decode_tokens_total: int = 0
     prefill_tokens_total: int = 0
     generated_tokens_total: int = 0  # tokens delivered to callers
-    requests_finished: dict[str, int] = field(default_factory=dict)  # by finish reason
+    requests_finished: dict[FinishReason, int] = field(default_factory=dict)
     prefix_cache_hits: int = 0
     prefix_cache_misses: int = 0
     cached_prompt_tokens_total: int = 0
@@ -41,10 +43,16 @@ class WorkerMetrics:
         self._lock = threading.Lock()
         self._data = MetricsSnapshot()
 
-    def record_step(self, seconds: float, decode_tokens: int, prefill_tokens: int) -> None:
-        ms = seconds * 1000.0
+    def record_step(self, seconds: float | None, decode_tokens: int, prefill_tokens: int, active_slots: int, queue_depth: int, peak_memory_bytes: int = 0) -> None:
+        """The end of a worker's step: `seconds` None when it issued nothing (occupancy only)."""
         with self._lock:
             d = self._data
+            d.active_slots = active_slots
+            d.queue_depth = queue_depth
+            d.peak_device_memory_bytes = max(d.peak_device_memory_bytes, peak_memory_bytes)
+            if seconds is None:
+                return
+            ms = seconds * 1000.0
             first = d.steps == 0
             d.steps += 1
             d.last_step_time_ms = ms
@@ -58,16 +66,11 @@ class WorkerMetrics:
             d.decode_tokens_total += decode_tokens
             d.prefill_tokens_total += prefill_tokens
 
-    def set_occupancy(self, active_slots: int, queue_depth: int) -> None:
-        with self._lock:
-            self._data.active_slots = active_slots
-            self._data.queue_depth = queue_depth
-
     def add_generated(self, tokens: int) -> None:
         with self._lock:
             self._data.generated_tokens_total += tokens
 
-    def record_finish(self, reason: str) -> None:
+    def record_finish(self, reason: FinishReason) -> None:
         with self._lock:
             counts = self._data.requests_finished
             counts[reason] = counts.get(reason, 0) + 1
@@ -87,10 +90,6 @@ class WorkerMetrics:
     def record_state_save(self) -> None:
         with self._lock:
             self._data.state_saves += 1
-
-    def set_peak_memory(self, peak_bytes: int) -> None:
-        with self._lock:
-            self._data.peak_device_memory_bytes = max(self._data.peak_device_memory_bytes, peak_bytes)
 
     def snapshot(self) -> MetricsSnapshot:
         with self._lock:

@@ -48,10 +48,6 @@ class Row:
     starts_followers: bool = False  # after this row, the task's followers start from a copy of its state
 
     @property
-    def token_count(self) -> int:
-        return self.stop - self.start if self.kind is RowKind.PREFILL else 1
-
-    @property
     def samples(self) -> bool:
         return self.sample_row >= 0
 
@@ -89,7 +85,6 @@ class Scheduler:
         self.waiting: deque[EngineTask] = deque()
         self.running: dict[int, EngineTask] = {}  # task_id -> task, in admission order
         self._free_slots: list[int] = list(range(batch_size))  # a heap: the lowest slot first
-        self._admissions = 0
 
     @property
     def free_slot_count(self) -> int:
@@ -108,8 +103,6 @@ class Scheduler:
         while self.waiting and self._free_slots:
             task = self.waiting.popleft()
             task.slot = heapq.heappop(self._free_slots)
-            task.admission_order = self._admissions
-            self._admissions += 1
             self.running[task.task_id] = task
             admitted.append(task)
         return admitted

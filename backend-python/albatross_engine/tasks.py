@@ -163,7 +163,6 @@ class EngineTask:
 
     # Launch side: what the steps issued so far have done (the device may still be running them).
     slot: int = -1
-    admission_order: int = -1
     prompt_pos: int = 0  # prompt tokens fed (or skipped thanks to a cached state)
     cached_prompt_tokens: int = 0
     sampled: int = 0  # tokens sampled by issued steps
@@ -204,3 +203,19 @@ class EngineTask:
     def wants_sample(self) -> bool:
         """Whether an issued step may still sample a token for this task."""
         return self.finish_reason is None and self.sampled < self.sampling.max_tokens
+
+    def event(self, text: str = "", token_ids: list[int] | None = None) -> GenerationEvent:
+        """An event of this task's output so far (its counters as they are now)."""
+        return GenerationEvent(
+            text=text,
+            token_ids=token_ids if token_ids is not None else [],
+            prompt_tokens=self.prompt_len,
+            completion_tokens=self.completion_tokens,
+            cached_prompt_tokens=self.cached_prompt_tokens,
+        )
+
+    def error_event(self, error: BaseException) -> GenerationEvent:
+        event = self.event()
+        event.finish_reason = "error"
+        event.error = f"{type(error).__name__}: {error}"
+        return event

@@ -1,10 +1,9 @@
 """A worker: one thread that owns one device's model, state slots and penalties, and steps them.
 
-A step (see docs/engine.md): take new tasks and aborts from the inbox; admit waiting tasks into
-free slots (zero state, a saved state, or the longest cached prompt prefix); issue ONE model call
-for every decode token and the prefill chunks that fit the budget; sample all sampling rows in ONE
-sampler call; copy only the sampled ids to the host (one sync); then the host work: detokenize,
-match stops, emit events, retire finished tasks.
+The step loop (docs/engine.md, "A request's walk"): take new tasks and aborts from the inbox;
+admit waiting tasks into free slots and prepare their starting states (`SavedStates`); plan the
+step (`Scheduler`); issue it, ONE model call and ONE sampler call (`DeviceStep`); process the
+sampled ids into events (`ResultProcessor`, which ends tasks through the `Finisher`).
 
 With `overlap` the host work of step N runs after step N+1 has been issued, so on a GPU it runs
 while the device computes. A task found finished while processing step N already has a row in
@@ -24,16 +23,18 @@ import torch
 from albatross import cuda_ops
 from albatross.detokenizer import TextStream
 from albatross.model import RWKV7
-from albatross.sampler import TopLogprobs, seed_to_seed32
-from albatross.state import SlotState
+from albatross.sampler import seed_to_seed32
 from albatross.tokenizer import Tokenizer
-from albatross_engine.device_step import DeviceStep, IssuedStep
 from albatross_engine.config import AlbatrossBackendConfig
+from albatross_engine.device_step import DeviceStep, IssuedStep
+from albatross_engine.finishing import Finisher, fail_all
 from albatross_engine.metrics import WorkerMetrics
+from albatross_engine.results import ResultProcessor
+from albatross_engine.saved_states import SavedStates
 from albatross_engine.scheduler import Row, RowKind, Scheduler, StepPlan
-from albatross_engine.state_store import PrefixHasher, PromptEndIndex, StateStore, prefix_lookup_lengths
+from albatross_engine.state_store import PromptEndIndex, StateStore
 from albatross_engine.tasks import EngineTask, EventOutbox
-from runner.interface import BackendError, GenerationEvent, TokenLogprob
+from runner.interface import BackendError
 
 logger = logging.getLogger(__name__)
 
@@ -57,7 +58,6 @@ class Worker:
         self.tokenizer = tokenizer
         self.metrics = WorkerMetrics()
         self.ready: Future[None] = Future()
-        self.store: StateStore | None = None  # set by the engine before any request arrives
         self.overlap = config.overlap if config.overlap is not None else device.type == "cuda"
         self._loader = loader
         self._prompt_ends = prompt_ends or PromptEndIndex()
@@ -70,7 +70,12 @@ class Worker:
         self._closed = False
         self._stopping = False
         self._outbox = EventOutbox()
+        self._store: StateStore | None = None
         self.device_step: DeviceStep | None = None
+        # Made with the device step, on this worker's thread (_load_model):
+        self._saved_states: SavedStates | None = None
+        self._finisher: Finisher | None = None
+        self._results: ResultProcessor | None = None
         self._pending: IssuedStep | None = None  # issued, host work not done yet (overlap)
         self._thread = threading.Thread(target=self._run, name=f"albatross-worker-{index}", daemon=True)
 
@@ -83,6 +88,17 @@ class Worker:
     @property
     def model(self) -> RWKV7 | None:
         return None if self.device_step is None else self.device_step.model
+
+    @property
+    def store(self) -> StateStore | None:
+        return self._store
+
+    @store.setter
+    def store(self, store: StateStore | None) -> None:
+        """Set by the engine once the model's fingerprint is known, before any request arrives."""
+        self._store = store
+        if self._saved_states is not None:
+            self._saved_states.store = store
 
     @property
     def alive(self) -> bool:
@@ -122,7 +138,7 @@ class Worker:
             if self.device.type == "cuda":
                 torch.cuda.set_device(self.device)  # events, streams and graphs of this thread use its GPU
             self._load_model()
-        except BaseException as error:  # noqa: BLE001 - any load failure must reach the engine start
+        except BaseException as error:  # any load failure must reach the engine start
             self._release_device()
             self.ready.set_exception(error)
             return
@@ -130,7 +146,7 @@ class Worker:
         try:
             self._serve()
             self._shut_down(BackendError(503, "the albatross engine is shutting down"))
-        except BaseException as error:  # noqa: BLE001 - a dead worker must fail its requests, not hang them
+        except BaseException as error:  # a dead worker must fail its requests, not hang them
             logger.exception("albatross worker %d died", self.index)
             self._shut_down(BackendError(503, f"the albatross engine stopped: {type(error).__name__}: {error}"))
             if self._on_death is not None:
@@ -144,7 +160,10 @@ class Worker:
         model = self._loader(self.device)
         self.device = model.device
         state_dtype = self.config.effective_state_dtype(self.device.type)
-        self.device_step = DeviceStep(model, self.config.batch_size, state_dtype, self.config.cuda_graphs)
+        device_step = self.device_step = DeviceStep(model, self.config.batch_size, state_dtype, self.config.cuda_graphs)
+        self._saved_states = SavedStates(device_step, self.metrics, self._prompt_ends, self._store)
+        self._finisher = Finisher(self._scheduler, self._outbox, self.metrics, self._saved_states, device_step, self._finished_one)
+        self._results = ResultProcessor(device_step, self._finisher, self._outbox, self.metrics, self.tokenizer)
 
     def _serve(self) -> None:
         while True:
@@ -163,42 +182,35 @@ class Worker:
         return bool(self._scheduler.waiting or self._scheduler.running or self._pending)
 
     def _step(self, aborts: list[EngineTask]) -> None:
+        finisher, results = self._finisher, self._results
+        assert finisher is not None and results is not None
         started = time.perf_counter()
         for task in aborts:
-            self._abort(task)
+            finisher.abort(task)
         admitted = self._scheduler.admit()
         if admitted:
-            self._admit(admitted)
+            self._prepare(admitted, finisher)
             self._scheduler.share_prefills(admitted)
         plan = self._scheduler.plan()
-        issued = None
-        if plan:
-            try:
-                issued = self._issue(plan)
-            except Exception as error:
-                logger.exception("albatross worker %d: step failed; failing its %d rows", self.index, len(plan.rows))
-                self._fail_rows(plan.rows, error)
-                assert self.device_step is not None
-                self.device_step.forget_last_step()  # the failed step's ids never existed
+        issued = self._issue(plan, finisher) if plan else None
         if self.overlap:
             previous, self._pending = self._pending, issued
         else:
             previous = issued
         if previous is not None:
-            self._process(previous)
+            results.process(previous)
         if not (plan or previous or admitted or aborts) and self._scheduler.running:
             # Running tasks with nothing to do would never finish: fail them rather than hang.
-            self._fail_rows([Row(t, t.slot, RowKind.FEED) for t in self._scheduler.running.values()],
-                            RuntimeError("scheduler stalled"))
+            finisher.fail_rows([Row(t, t.slot, RowKind.FEED) for t in self._scheduler.running.values()],
+                               RuntimeError("scheduler stalled"))
         if self._outbox.flush():
-            self._abort_closed_channels()
+            finisher.abort_closed_channels()
         self._record(started, plan)
 
-    # ---------------------------------------------------------------------------- admission
-
-    def _admit(self, tasks: list[EngineTask]) -> None:
-        device_step = self.device_step
-        assert device_step is not None
+    def _prepare(self, tasks: list[EngineTask], finisher: Finisher) -> None:
+        """Admitted tasks: zeroed slots (one call), then each task's checks and starting state."""
+        device_step, saved_states = self.device_step, self._saved_states
+        assert device_step is not None and saved_states is not None
         device_step.reset_slots([task.slot for task in tasks])
         vocab = device_step.vocab_size
         for task in tasks:
@@ -207,50 +219,32 @@ class Worker:
                     raise ValueError(f"prompt token ids must be within [0, {vocab})")
                 task.seed32 = seed_to_seed32(task.seed)
                 task.text_stream = TextStream(self.tokenizer, task.sampling.stop)
-                if task.load_key is not None:
-                    device_step.write_state(task.slot, self._load_state(task.load_key))
-                elif task.use_prefix_cache and self.store is not None:
-                    self._resume_prefix(task)
+                saved_states.prepare(task)
                 if not task.prompt_tokens:  # a loaded state with nothing to generate
-                    self._finish(task, "length", self._event(task))
+                    finisher.finish(task, "length", task.event())
             except Exception as error:
-                self._fail(task, error)
+                finisher.fail(task, error)
 
-    def _load_state(self, key: str) -> SlotState:
-        state = None if self.store is None else self.store.get(key)
-        if state is None:
-            raise BackendError(404, f"state {key!r} not found")
-        return state
-
-    def _resume_prefix(self, task: EngineTask) -> None:
-        assert self.device_step is not None and self.store is not None
-        task.prefix_hasher = PrefixHasher(task.prompt_tokens)
-        lengths = prefix_lookup_lengths(task.prompt_len, self._prompt_ends.below(task.prompt_len))
-        lookup = PrefixHasher(task.prompt_tokens)
-        keys = [(length, lookup.key_at(length)) for length in reversed(lengths)]
-        for length, key in reversed(keys):
-            state = self.store.get(key) if self.store.contains(key) else None
-            if state is not None:
-                self.device_step.write_state(task.slot, state)
-                task.prompt_pos = task.cached_prompt_tokens = length
-                break
-        self.metrics.record_prefix_lookup(task.cached_prompt_tokens)
-
-    # ---------------------------------------------------------------------------- the device step
-
-    def _issue(self, plan: StepPlan) -> IssuedStep:
-        assert self.device_step is not None
-        issued = self.device_step.issue(plan)
+    def _issue(self, plan: StepPlan, finisher: Finisher) -> IssuedStep | None:
+        device_step, saved_states = self.device_step, self._saved_states
+        assert device_step is not None and saved_states is not None
+        try:
+            issued = device_step.issue(plan)
+        except Exception as error:
+            logger.exception("albatross worker %d: step failed; failing its %d rows", self.index, len(plan.rows))
+            finisher.fail_rows(plan.rows, error)
+            device_step.forget_last_step()  # the failed step's ids never existed
+            return None
         for row in plan.rows:  # states that only needed this step's forward to be issued
             if row.starts_followers:
-                self._start_followers(row.task)
+                self._start_followers(row.task, finisher)
             if row.prefix_checkpoint:
-                self._save_prefix(row)
+                saved_states.save_prefix(row)
             if row.kind is RowKind.FEED and row.task.finished:
-                self._save_final(row.task)
+                finisher.save_final(row.task)
         return issued
 
-    def _start_followers(self, leader: EngineTask) -> None:
+    def _start_followers(self, leader: EngineTask, finisher: Finisher) -> None:
         assert self.device_step is not None
         followers = self._scheduler.start_followers(leader)
         if not followers:
@@ -261,214 +255,34 @@ class Worker:
         except Exception as error:
             logger.exception("albatross worker %d: sharing a prefill failed", self.index)
             for task in followers:
-                self._fail(task, error)
+                finisher.fail(task, error)
 
-    # ---------------------------------------------------------------------------- host work
+    def _record(self, started: float, plan: StepPlan) -> None:
+        scheduler, device_step = self._scheduler, self.device_step
+        peak = device_step.peak_memory_bytes() if device_step is not None and self.device.type == "cuda" else 0
+        seconds = time.perf_counter() - started if plan else None
+        self.metrics.record_step(seconds, plan.decode_tokens, plan.prefill_tokens, len(scheduler.running), len(scheduler.waiting), peak)
 
-    def _process(self, issued: IssuedStep) -> None:
-        try:
-            ids = issued.token_ids()
-        except Exception as error:  # a device error surfaces at the sync
-            logger.exception("albatross worker %d: step failed on the device", self.index)
-            self._fail_rows(issued.plan.rows, error)
-            assert self.device_step is not None
-            self.device_step.forget_last_step(issued)
-            return
-        produced = 0
-        for row in issued.plan.rows:
-            task = row.task
-            if task.finished:
-                continue  # aborted, failed, or finished one step earlier (its sample here is dropped)
-            try:
-                if row.samples:
-                    produced += 1
-                    self._accept(task, ids[row.sample_row], issued, row.sample_row)
-                elif row.kind is RowKind.PREFILL and row.stop == task.prompt_len and task.sampling.max_tokens == 0:
-                    self._finish(task, "length", self._event(task))
-            except Exception as error:
-                logger.exception("albatross worker %d: request %s failed", self.index, task.request_id)
-                self._fail(task, error)
-        self.metrics.add_generated(produced)
-
-    def _accept(self, task: EngineTask, token: int, issued: IssuedStep, sample_row: int) -> None:
-        assert task.text_stream is not None
-        task.completion_tokens += 1
-        stream = task.text_stream
-        reason = None
-        if token in task.sampling.stop_token_ids:
-            text, token_ids, reason = stream.flush(), [], "stop"
-        else:
-            text, stopped = stream.push_token(token)
-            token_ids = [token]
-            if stopped:
-                reason = "stop"
-            elif task.completion_tokens >= task.sampling.max_tokens:
-                text += stream.flush()
-                reason = "stop" if stream.stopped else "length"
-        event = self._event(task, text, token_ids)
-        if issued.logprobs is not None and sample_row in issued.logprob_rows:
-            event.logprobs = [self._logprob(task, token, issued.logprobs, issued.logprob_rows[sample_row])]
-        if reason is None:
-            self._outbox.add(task.channel, event)
-        else:
-            self._finish(task, reason, event)
-
-    def _logprob(self, task: EngineTask, token: int, data: TopLogprobs, row: int) -> TokenLogprob:
-        k = task.sampling.logprobs or 0
-        assert data.chosen is not None
-        top_ids = data.top_ids[row, :k].tolist()
-        top_values = data.top_values[row, :k].tolist()
-        decode = self.tokenizer.decode
-        top = [(i, decode([i]), v) for i, v in zip(top_ids, top_values)]
-        return TokenLogprob(token_id=token, text=decode([token]), logprob=float(data.chosen[row]), top=top)
-
-    @staticmethod
-    def _event(task: EngineTask, text: str = "", token_ids: list[int] | None = None) -> GenerationEvent:
-        return GenerationEvent(
-            text=text,
-            token_ids=token_ids if token_ids is not None else [],
-            prompt_tokens=task.prompt_len,
-            completion_tokens=task.completion_tokens,
-            cached_prompt_tokens=task.cached_prompt_tokens,
-        )
-
-    # ---------------------------------------------------------------------------- finishing
-
-    def _finish(self, task: EngineTask, reason: str, event: GenerationEvent) -> None:
-        task.finish_reason = reason  # type: ignore[assignment]
-        event.finish_reason = reason  # type: ignore[assignment]
-        self.metrics.record_finish(reason)
-        if task.save_key is not None and reason in ("stop", "length"):
-            task.held_event = event
-            if task.fed >= task.completion_tokens:
-                self._save_final(task)
-            else:
-                task.final_feed_pending = True  # the next step feeds the last token, then saves
-            return
-        self._outbox.add(task.channel, event)
-        self._release(task)
-
-    def _save_final(self, task: EngineTask) -> None:
-        """The final state (prompt and every generated token fed) goes to the store, then the
-        held final event goes out: a client told "stop" can rely on the saved state."""
-        assert self.device_step is not None and task.save_key is not None
-        event = task.held_event or self._event(task)
-        task.held_event = None
-        try:
-            if self.store is None:
-                raise BackendError(400, "this albatross engine has no state cache")
-            self.store.put(task.save_key, self.device_step.read_state(task.slot))
-            self.metrics.record_state_save()
-        except Exception as error:
-            logger.exception("albatross worker %d: saving state %r failed", self.index, task.save_key)
-            event = self._error_event(task, error)
-        self._outbox.add(task.channel, event)
-        self._release(task)
-
-    def _save_prefix(self, row: Row) -> None:
-        task = row.task
-        assert self.device_step is not None and task.prefix_hasher is not None
-        try:
-            key = task.prefix_hasher.key_at(row.stop)
-            if self.store is not None and not self.store.contains(key):
-                self.store.put(key, self.device_step.read_state(row.slot))
-                self.metrics.record_state_save()
-            if row.stop == task.prompt_len:
-                self._prompt_ends.add(row.stop)
-        except Exception:  # a cache failure costs a future hit, never this request
-            logger.exception("albatross worker %d: saving a prefix state failed", self.index)
-
-    def _abort(self, task: EngineTask) -> None:
-        if task.finished:
-            return
-        if self._scheduler.remove_waiting(task):
-            task.finish_reason = "abort"
-            self._outbox.add(task.channel, GenerationEvent(finish_reason="abort", prompt_tokens=task.prompt_len))
-            self.metrics.record_finish("abort")
-            self._finished_one()
-        elif task.task_id in self._scheduler.running:
-            task.finish_reason = "abort"
-            event = self._event(task)
-            event.finish_reason = "abort"
-            self._outbox.add(task.channel, event)
-            self.metrics.record_finish("abort")
-            self._release(task)
-
-    def _abort_closed_channels(self) -> None:
-        for task in [*self._scheduler.waiting, *self._scheduler.running.values()]:
-            if task.channel.closed:
-                self._abort(task)
-
-    def _release(self, task: EngineTask) -> None:
-        self._scheduler.release(task)
-        self._finished_one()
+    # ---------------------------------------------------------------------------- ending
 
     def _finished_one(self) -> None:
         with self._cond:
             self._load -= 1
-
-    @staticmethod
-    def _error_event(task: EngineTask, error: BaseException) -> GenerationEvent:
-        return GenerationEvent(
-            finish_reason="error",
-            error=f"{type(error).__name__}: {error}",
-            prompt_tokens=task.prompt_len,
-            completion_tokens=task.completion_tokens,
-            cached_prompt_tokens=task.cached_prompt_tokens,
-        )
-
-    def _fail(self, task: EngineTask, error: BaseException) -> None:
-        """End one task with an error; the others carry on."""
-        holds_slot = task.task_id in self._scheduler.running
-        if not holds_slot and not self._scheduler.remove_waiting(task):
-            return  # already finished and released
-        task.finish_reason = "error"
-        task.final_feed_pending = False
-        task.held_event = None
-        self._outbox.add(task.channel, error if isinstance(error, BackendError) else self._error_event(task, error))
-        self.metrics.record_finish("error")
-        if holds_slot:
-            self._scheduler.release(task)
-        self._finished_one()
-
-    def _fail_rows(self, rows: list[Row], error: BaseException) -> None:
-        """A step failed: fail its tasks and reset their slots (a failing reset kills the worker)."""
-        assert self.device_step is not None
-        slots = sorted({row.slot for row in rows})
-        for row in rows:
-            self._fail(row.task, error)
-        if slots:
-            self.device_step.reset_slots(slots)
-
-    # ---------------------------------------------------------------------------- bookkeeping
-
-    def _record(self, started: float, plan: StepPlan) -> None:
-        metrics = self.metrics
-        if plan:
-            metrics.record_step(time.perf_counter() - started, plan.decode_tokens, plan.prefill_tokens)
-        metrics.set_occupancy(len(self._scheduler.running), len(self._scheduler.waiting))
-        if self.device_step is not None and self.device.type == "cuda":
-            metrics.set_peak_memory(self.device_step.peak_memory_bytes())
 
     def _shut_down(self, error: BackendError) -> None:
         """Fail every task this worker holds or has queued, and take no more."""
         with self._cond:
             self._closed = True
             queued, self._inbox = self._inbox, []
-        tasks = [*queued, *self._scheduler.waiting, *self._scheduler.running.values()]
-        self._scheduler.waiting.clear()
-        for task in tasks:
-            if task.task_id in self._scheduler.running:
-                self._scheduler.release(task)
-            task.finish_reason = "error"
-            self._outbox.add(task.channel, error)
-        self._outbox.flush()
+        scheduler = self._scheduler
+        fail_all(scheduler, self._outbox, [*queued, *scheduler.waiting, *scheduler.running.values()], error)
         with self._cond:
             self._load = 0
         self._pending = None
 
     def _release_device(self) -> None:
         self.device_step = None
+        self._saved_states = self._finisher = self._results = None
         self._pending = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

@@ -3,7 +3,8 @@
 Strategies `cpu fp32`, `cpu bf16`, `cuda fp16`, `cuda bf16`. It is the correctness baseline, not a
 fast path: the prompt goes through the package's forward in one call, then one forward per token.
 Sampling, penalties and seeds follow albatross.sampler (one row), text and stop strings
-albatross.detokenizer, so a request means the same here as on the Albatross backend.
+albatross.detokenizer, when a request ends albatross.stopping, so a request means the same here as
+on the Albatross backend.
 
 Usage: `prompt_tokens` is the prompt's length; `completion_tokens` counts every token the model
 produced for the request, including a stop token (an id in `stop_token_ids`) and the token that
@@ -26,6 +27,7 @@ import torch
 
 from albatross.detokenizer import TextStream
 from albatross.sampler import PenaltyPool, SamplingBatch, sample, seed_to_seed32, top_logprobs
+from albatross.stopping import accept_token
 from albatross.tokenizer import Tokenizer, get_tokenizer
 from runner.interface import (
     AbstractRWKV,
@@ -207,19 +209,11 @@ class ClassicRWKV(AbstractRWKV):
                 batch.step.fill_(step)
                 token_id = int(sample(row, slot, batch, penalties)[0])
                 logprobs = None if sampling.logprobs is None else [self._logprob(row, token_id, sampling.logprobs)]
-                if token_id in stop_ids:
-                    text = stream.flush()
-                    yield self._event(text, token_id, "stop", prompt_tokens, step + 1, logprobs)
+                outcome = accept_token(stream, token_id, stop_ids, step + 1, sampling.max_tokens)
+                # Unlike the engine's events, the classic ones carry a stop token's id too.
+                yield self._event(outcome.text, token_id, outcome.finish_reason, prompt_tokens, step + 1, logprobs)
+                if outcome.finish_reason is not None:
                     return
-                text, stopped = stream.push([token_id])
-                if stopped:
-                    yield self._event(text, token_id, "stop", prompt_tokens, step + 1, logprobs)
-                    return
-                if step + 1 == sampling.max_tokens:
-                    text += stream.flush()
-                    yield self._event(text, token_id, "stop" if stream.stopped else "length", prompt_tokens, step + 1, logprobs)
-                    return
-                yield self._event(text, token_id, None, prompt_tokens, step + 1, logprobs)
                 logits, state = self._model.forward([token_id], state)
             except Exception as exc:
                 log.exception("classic generation failed at token %d", step)

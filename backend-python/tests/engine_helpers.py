@@ -22,3 +22,27 @@ def collect(backend: AlbatrossRWKV, requests: list[GenerationRequest]) -> list[l
 
 def token_ids(events: list[GenerationEvent]) -> list[int]:
     return [token for event in events for token in event.token_ids]
+
+
+class RecordingDeviceStep:
+    """The part of `DeviceStep` that the worker's host-side classes call, as plain Python: a slot's
+    "state" is whatever was last written to it, and every call is recorded."""
+
+    def __init__(self) -> None:
+        self.states: dict[int, object] = {}
+        self.resets: list[list[int]] = []
+        self.forgotten: list[object] = []
+
+    def write_state(self, slot: int, state: object) -> None:
+        self.states[slot] = state
+
+    def read_state(self, slot: int) -> object:
+        return self.states.get(slot, f"state of slot {slot}")
+
+    def reset_slots(self, slots: list[int]) -> None:
+        self.resets.append(list(slots))
+        for slot in slots:
+            self.states.pop(slot, None)
+
+    def forget_last_step(self, step: object | None = None) -> None:
+        self.forgotten.append(step)

@@ -134,7 +134,9 @@ def test_usage_counts_are_exact_and_the_last_event_carries_the_finish_reason(eng
     assert [e.finish_reason for e in events[:-1]] == [None] * (len(events) - 1)
     last = events[-1]
     assert last.finish_reason == "length" and last.completion_tokens == GREEDY.max_tokens
-    assert [e.completion_tokens for e in events] == list(range(1, GREEDY.max_tokens + 1))
+    # A caller that falls behind gets several tokens in one event: count what each event carries.
+    delivered = [len(e.token_ids) for e in events]
+    assert [e.completion_tokens for e in events] == [sum(delivered[: i + 1]) for i in range(len(events))]
     assert all(e.prompt_tokens == 7 for e in events), "prompt usage is the prompt's length"
 
 

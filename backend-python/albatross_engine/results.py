@@ -1,0 +1,83 @@
+"""The host work of an issued step: its sampled ids become each task's next event.
+
+Wait for the ids (the one sync per step); then per sampling row, in plan order: count the token,
+decide with `albatross.stopping` whether it ends the task, attach logprobs when asked, and queue
+the event (or finish the task). A row of a task that already finished (aborted, failed, or done
+one step earlier under overlap) is skipped: its sample is dropped and not counted.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from albatross.sampler import TopLogprobs
+from albatross.stopping import accept_token
+from albatross.tokenizer import Tokenizer
+from albatross_engine.finishing import Finisher
+from albatross_engine.metrics import WorkerMetrics
+from albatross_engine.scheduler import RowKind
+from albatross_engine.tasks import EngineTask, EventOutbox
+from runner.interface import TokenLogprob
+
+if TYPE_CHECKING:
+    from albatross_engine.device_step import DeviceStep, IssuedStep
+
+logger = logging.getLogger(__name__)
+
+
+class ResultProcessor:
+    def __init__(
+        self, device_step: DeviceStep, finisher: Finisher, outbox: EventOutbox, metrics: WorkerMetrics, tokenizer: Tokenizer
+    ) -> None:
+        self.device_step = device_step
+        self.finisher = finisher
+        self.outbox = outbox
+        self.metrics = metrics
+        self.tokenizer = tokenizer
+
+    def process(self, issued: IssuedStep) -> None:
+        try:
+            ids = issued.token_ids()
+        except Exception as error:  # a device error surfaces at the sync
+            logger.exception("a step failed on the device")
+            self.finisher.fail_rows(issued.plan.rows, error)
+            self.device_step.forget_last_step(issued)
+            return
+        produced = 0
+        for row in issued.plan.rows:
+            task = row.task
+            if task.finished:
+                continue
+            try:
+                if row.samples:
+                    produced += 1
+                    self._accept(task, ids[row.sample_row], issued, row.sample_row)
+                elif row.kind is RowKind.PREFILL and row.stop == task.prompt_len and task.sampling.max_tokens == 0:
+                    self.finisher.finish(task, "length", task.event())
+            except Exception as error:
+                logger.exception("request %s failed", task.request_id)
+                self.finisher.fail(task, error)
+        self.metrics.add_generated(produced)
+
+    def _accept(self, task: EngineTask, token: int, issued: IssuedStep, sample_row: int) -> None:
+        assert task.text_stream is not None
+        task.completion_tokens += 1
+        sampling = task.sampling
+        text, reason, stop_token = accept_token(task.text_stream, token, sampling.stop_token_ids, task.completion_tokens, sampling.max_tokens)
+        event = task.event(text, [] if stop_token else [token])
+        if issued.logprobs is not None and sample_row in issued.logprob_rows:
+            event.logprobs = [self._logprob(task, token, issued.logprobs, issued.logprob_rows[sample_row])]
+        if reason is None:
+            self.outbox.add(task.channel, event)
+        else:
+            self.finisher.finish(task, reason, event)
+
+    def _logprob(self, task: EngineTask, token: int, data: TopLogprobs, row: int) -> TokenLogprob:
+        k = task.sampling.logprobs or 0
+        assert data.chosen is not None
+        top_ids = data.top_ids[row, :k].tolist()
+        top_values = data.top_values[row, :k].tolist()
+        decode = self.tokenizer.decode
+        top = [(i, decode([i]), v) for i, v in zip(top_ids, top_values)]
+        return TokenLogprob(token_id=token, text=decode([token]), logprob=float(data.chosen[row]), top=top)

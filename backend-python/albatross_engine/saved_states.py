@@ -1,0 +1,85 @@
+"""A worker's traffic with the state store: where an admitted task's starting state comes from,
+and which slot states are saved (docs/engine.md, "The state-store seam").
+
+- `prepare(task)`: the saved state of `load_key` (404 when missing) or, with `use_prefix_cache`,
+  the longest cached prefix of the prompt: every multiple of the boundary below its length and
+  every prompt end saved since start-up, longest first.
+- `save_prefix(row)`: after a step that reaches a prefix checkpoint; a failure costs a future hit,
+  never the request, so it is logged and swallowed.
+- `save_final(task)`: the state after the prompt and every generated token; raises on failure
+  (the caller turns it into the task's error event).
+
+States move through the `DeviceStep` as copies on the device, ordered after the issued steps:
+no host sync.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from albatross.state import SlotState
+from albatross_engine.metrics import WorkerMetrics
+from albatross_engine.state_store import PrefixHasher, PromptEndIndex, StateStore, prefix_lookup_lengths
+from albatross_engine.tasks import EngineTask
+from runner.interface import BackendError
+
+if TYPE_CHECKING:
+    from albatross_engine.device_step import DeviceStep
+    from albatross_engine.scheduler import Row
+
+logger = logging.getLogger(__name__)
+
+
+class SavedStates:
+    def __init__(self, device_step: DeviceStep, metrics: WorkerMetrics, prompt_ends: PromptEndIndex, store: StateStore | None = None) -> None:
+        self.device_step = device_step
+        self.metrics = metrics
+        self.prompt_ends = prompt_ends  # shared by the engine's workers
+        self.store = store
+
+    def prepare(self, task: EngineTask) -> None:
+        """Write the task's starting state into its (already zeroed) slot."""
+        if task.load_key is not None:
+            self.device_step.write_state(task.slot, self._load(task.load_key))
+        elif task.use_prefix_cache and self.store is not None:
+            self._resume_prefix(task, self.store)
+
+    def _load(self, key: str) -> SlotState:
+        state = None if self.store is None else self.store.get(key)
+        if state is None:
+            raise BackendError(404, f"state {key!r} not found")
+        return state
+
+    def _resume_prefix(self, task: EngineTask, store: StateStore) -> None:
+        task.prefix_hasher = PrefixHasher(task.prompt_tokens)
+        lengths = prefix_lookup_lengths(task.prompt_len, self.prompt_ends.below(task.prompt_len))
+        lookup = PrefixHasher(task.prompt_tokens)  # hashes left to right: the keys come shortest first
+        keys = [(length, lookup.key_at(length)) for length in reversed(lengths)]
+        for length, key in reversed(keys):
+            state = store.get(key) if store.contains(key) else None
+            if state is not None:
+                self.device_step.write_state(task.slot, state)
+                task.prompt_pos = task.cached_prompt_tokens = length
+                break
+        self.metrics.record_prefix_lookup(task.cached_prompt_tokens)
+
+    def save_prefix(self, row: Row) -> None:
+        task = row.task
+        assert task.prefix_hasher is not None
+        try:
+            key = task.prefix_hasher.key_at(row.stop)
+            if self.store is not None and not self.store.contains(key):
+                self.store.put(key, self.device_step.read_state(row.slot))
+                self.metrics.record_state_save()
+            if row.stop == task.prompt_len:
+                self.prompt_ends.add(row.stop)
+        except Exception:
+            logger.exception("saving a prefix state failed")
+
+    def save_final(self, task: EngineTask) -> None:
+        assert task.save_key is not None
+        if self.store is None:
+            raise BackendError(400, "this albatross engine has no state cache")
+        self.store.put(task.save_key, self.device_step.read_state(task.slot))
+        self.metrics.record_state_save()

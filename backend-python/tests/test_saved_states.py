@@ -1,0 +1,112 @@
+"""albatross_engine/saved_states.py: starting states from the store, and which states are saved."""
+
+from __future__ import annotations
+
+import pytest
+
+from albatross_engine.metrics import WorkerMetrics
+from albatross_engine.saved_states import SavedStates
+from albatross_engine.scheduler import Row, RowKind
+from albatross_engine.state_store import DictStateStore, PrefixHasher, PromptEndIndex, prefix_key
+from albatross_engine.tasks import EngineTask, SyncChannel
+from engine_helpers import RecordingDeviceStep
+from runner.interface import BackendError, SamplingParams
+
+
+def make_task(prompt_len: int, slot: int = 0, **fields: object) -> EngineTask:
+    task = EngineTask(list(range(1, prompt_len + 1)), SamplingParams(max_tokens=4), seed=1, channel=SyncChannel(), **fields)  # type: ignore[arg-type]
+    task.slot = slot
+    return task
+
+
+def make(store: DictStateStore | None = None) -> tuple[SavedStates, RecordingDeviceStep, WorkerMetrics]:
+    device, metrics = RecordingDeviceStep(), WorkerMetrics()
+    return SavedStates(device, metrics, PromptEndIndex(), store), device, metrics  # type: ignore[arg-type]
+
+
+def test_a_session_state_is_written_into_the_tasks_slot() -> None:
+    store = DictStateStore()
+    store.put("chat", "saved conversation")  # type: ignore[arg-type]
+    saved, device, _ = make(store)
+    saved.prepare(make_task(3, slot=2, load_key="chat"))
+    assert device.states == {2: "saved conversation"}
+
+
+@pytest.mark.parametrize("store", [DictStateStore(), None], ids=["missing key", "no store"])
+def test_a_missing_session_state_is_404(store: DictStateStore | None) -> None:
+    saved, device, _ = make(store)
+    with pytest.raises(BackendError) as raised:
+        saved.prepare(make_task(3, load_key="gone"))
+    assert raised.value.status_code == 404 and device.states == {}
+
+
+def test_the_longest_cached_prefix_below_the_prompt_wins_and_is_skipped() -> None:
+    store = DictStateStore()
+    task = make_task(600, use_prefix_cache=True)
+    store.put(prefix_key(task.prompt_tokens[:256]), "after 256")  # type: ignore[arg-type]
+    store.put(prefix_key(task.prompt_tokens[:512]), "after 512")  # type: ignore[arg-type]
+    saved, device, metrics = make(store)
+    saved.prepare(task)
+    assert device.states == {0: "after 512"}
+    assert (task.prompt_pos, task.cached_prompt_tokens) == (512, 512)
+    snapshot = metrics.snapshot()
+    assert (snapshot.prefix_cache_hits, snapshot.cached_prompt_tokens_total) == (1, 512)
+
+
+def test_a_saved_prompt_end_is_looked_up_and_a_whole_prompt_hit_is_not_used() -> None:
+    store = DictStateStore()
+    task = make_task(300, use_prefix_cache=True)
+    store.put(prefix_key(task.prompt_tokens[:290]), "after 290")  # type: ignore[arg-type]
+    store.put(prefix_key(task.prompt_tokens), "after all 300")  # type: ignore[arg-type]
+    saved, device, _ = make(store)
+    saved.prompt_ends.add(290)
+    saved.prompt_ends.add(300)
+    saved.prepare(task)
+    assert device.states == {0: "after 290"} and task.prompt_pos == 290
+
+
+def test_no_cached_prefix_is_a_counted_miss_from_a_zero_state() -> None:
+    saved, device, metrics = make(DictStateStore())
+    task = make_task(600, use_prefix_cache=True)
+    saved.prepare(task)
+    assert device.states == {} and task.prompt_pos == 0 and metrics.snapshot().prefix_cache_misses == 1
+
+
+def test_a_prefix_checkpoint_is_saved_once_under_its_key_and_a_prompt_end_is_remembered() -> None:
+    store = DictStateStore()
+    saved, device, metrics = make(store)
+    task = make_task(300, slot=1, use_prefix_cache=True)
+    task.prefix_hasher = PrefixHasher(task.prompt_tokens)
+    device.states[1] = "after 256"
+    saved.save_prefix(Row(task, 1, RowKind.PREFILL, start=0, stop=256))
+    device.states[1] = "after 300"
+    saved.save_prefix(Row(task, 1, RowKind.PREFILL, start=256, stop=300))
+    assert store.get(prefix_key(task.prompt_tokens[:256])) == "after 256"
+    assert store.get(prefix_key(task.prompt_tokens)) == "after 300"
+    assert saved.prompt_ends.below(1000) == [300], "only a prompt's end is a length worth remembering"
+    assert metrics.snapshot().state_saves == 2
+
+
+class FailingStore(DictStateStore):
+    def put(self, key: str, state: object) -> None:  # type: ignore[override]
+        raise OSError("disk full")
+
+
+def test_a_failing_prefix_save_costs_the_cache_entry_not_the_request() -> None:
+    saved, _, metrics = make(FailingStore())
+    task = make_task(256, use_prefix_cache=True)
+    task.prefix_hasher = PrefixHasher(task.prompt_tokens)
+    saved.save_prefix(Row(task, 0, RowKind.PREFILL, start=0, stop=256))  # does not raise
+    assert metrics.snapshot().state_saves == 0
+
+
+def test_a_final_state_is_saved_under_the_save_key_and_failures_raise() -> None:
+    store = DictStateStore()
+    saved, device, metrics = make(store)
+    device.states[3] = "final"
+    saved.save_final(make_task(2, slot=3, save_key="chat"))
+    assert store.get("chat") == "final" and metrics.snapshot().state_saves == 1
+    with pytest.raises(BackendError, match="no state cache"):
+        make(None)[0].save_final(make_task(2, save_key="chat"))
+    with pytest.raises(OSError, match="disk full"):
+        make(FailingStore())[0].save_final(make_task(2, save_key="chat"))
