@@ -26,7 +26,7 @@ from albatross.random_checkpoint import NAMED_SHAPES, CheckpointShape, random_st
 from albatross.tokenizer import Tokenizer, get_tokenizer
 from albatross_engine import gc_policy
 from albatross_engine.config import AlbatrossBackendConfig, config_field_names, parse_albatross_strategy
-from albatross_engine.core import INIT_ERROR_PREFIX, AsyncEngineCore
+from albatross_engine.core import INIT_ERROR_PREFIX, EngineCore
 from albatross_engine.state_store import PromptEndIndex, StateStore
 from albatross_engine.tasks import AsyncChannel, EngineTask, EventChannel, EventItem, SyncChannel, merge_events
 from albatross_engine.worker import ModelLoader, Worker
@@ -76,7 +76,7 @@ class AlbatrossRWKV(AbstractRWKV):
         self.fingerprint: str | None = None
         self.devices = _worker_devices(self.config, model)
         loader = _prebuilt_loader(model) if model is not None else _model_loader(model_path, self.config)
-        self._core: AsyncEngineCore | None = None
+        self._core: EngineCore | None = None
         self._init_engine(loader, init_timeout)
 
     # ---------------------------------------------------------------------------- engine lifecycle
@@ -86,7 +86,7 @@ class AlbatrossRWKV(AbstractRWKV):
         workers = [
             Worker(i, device, loader, self.config, self.tokenizer, prompt_ends) for i, device in enumerate(self.devices)
         ]
-        core = AsyncEngineCore(workers)
+        core = EngineCore(workers)
         try:
             core.start(timeout, on_ready=lambda: self._attach_state_store(workers))
         except RuntimeError as error:
@@ -124,7 +124,7 @@ class AlbatrossRWKV(AbstractRWKV):
             torch.cuda.empty_cache()
 
     @property
-    def core(self) -> AsyncEngineCore:
+    def core(self) -> EngineCore:
         if self._core is None:
             raise BackendError(503, "the albatross engine is shut down")
         return self._core

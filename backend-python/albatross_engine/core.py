@@ -1,21 +1,23 @@
-"""The engine core: an "albatross-engine" thread with its own asyncio loop that starts the workers,
-places each task on the least-loaded worker, forwards aborts, and watches for a dead worker.
+"""The engine core: starts the workers, places each task on the least-loaded live worker, forwards
+aborts, and turns a dead worker into a dead engine.
 
-Events do not pass through this thread: workers deliver them straight to the caller's loop, one
-`call_soon_threadsafe` per step and caller loop (tasks.EventOutbox). If the engine dies, every
-waiting and later request gets BackendError(503) at once.
+It owns no thread: `Worker.submit` and `Worker.abort` are thread-safe, so placement and aborts run
+on the caller's thread (docs/engine.md, "Threads"). Events do not pass through here either:
+workers deliver them straight to the caller's loop, one `call_soon_threadsafe` per step and caller
+loop (tasks.EventOutbox). Once the engine is dead, every waiting and later request gets
+BackendError(503) at once.
 """
 
 from __future__ import annotations
 
-import asyncio
 import concurrent.futures
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from albatross_engine.metrics import MetricsSnapshot, merge_snapshots
-from albatross_engine.tasks import EngineTask, send_now
+from albatross_engine.tasks import EngineTask
 from albatross_engine.worker import Worker
 from runner.interface import BackendError
 
@@ -24,119 +26,75 @@ logger = logging.getLogger(__name__)
 INIT_ERROR_PREFIX = "Albatross engine initialization failed"
 
 
-class AsyncEngineCore:
+class EngineCore:
     def __init__(self, workers: list[Worker]) -> None:
         if not workers:
             raise ValueError("the engine needs at least one worker")
         self.workers = workers
-        self._loop: asyncio.AbstractEventLoop | None = None
-        self._thread: threading.Thread | None = None
-        self._started: concurrent.futures.Future[None] = concurrent.futures.Future()
+        self._started = False
         self._dead_reason: str | None = None  # set once: the engine no longer serves
         self._lock = threading.Lock()
         for worker in workers:
-            worker._on_death = self._on_worker_death  # noqa: SLF001 - the core owns its workers
+            worker.on_death = self._on_worker_death
 
     # ---------------------------------------------------------------------------- lifecycle
 
     def start(self, timeout: float = 300.0, on_ready: Callable[[], None] | None = None) -> None:
-        """Start the engine thread and the workers; return once every worker has loaded its model.
-        Raises RuntimeError("Albatross engine initialization failed: ...") on any failure or after
-        `timeout` seconds. `on_ready` runs on the engine thread after the loads, before serving."""
-        self._thread = threading.Thread(target=self._run, args=(on_ready,), name="albatross-engine", daemon=True)
-        self._thread.start()
-        try:
-            self._started.result(timeout)
-        except concurrent.futures.TimeoutError:
-            self.shutdown(join_timeout=1.0)  # a stuck load cannot be interrupted; its thread exits when it returns
-            raise RuntimeError(f"{INIT_ERROR_PREFIX}: the workers did not load within {timeout:.0f} s") from None
-        except BaseException as error:
-            self.shutdown(join_timeout=30.0)
-            raise RuntimeError(f"{INIT_ERROR_PREFIX}: {error}") from error
-
-    def _run(self, on_ready: Callable[[], None] | None) -> None:
-        loop = asyncio.new_event_loop()
-        self._loop = loop
-        asyncio.set_event_loop(loop)
-        try:
-            loop.run_until_complete(self._start_workers(on_ready))
-        except BaseException as error:  # noqa: BLE001 - reported to start()
-            self._dead_reason = f"initialization failed: {error}"
-            if not self._started.done():
-                self._started.set_exception(error)
-        else:
-            self._started.set_result(None)
-            loop.run_forever()
-        finally:
-            loop.run_until_complete(loop.shutdown_asyncgens())
-            loop.close()
-
-    async def _start_workers(self, on_ready: Callable[[], None] | None) -> None:
+        """Start the workers; return once every worker has loaded its model and `on_ready` (if
+        any) has run. Raises RuntimeError("Albatross engine initialization failed: ...") on the
+        first failure, without waiting for the other loads, or after `timeout` seconds."""
         for worker in self.workers:
             worker.start()
-        pending = {asyncio.wrap_future(w.ready): w for w in self.workers}
-        for future in pending:  # failures after the first are reported through it, not logged again
-            future.add_done_callback(lambda f: f.cancelled() or f.exception())
-        while pending:  # the first failure ends the start at once, without waiting for the others
-            done, _ = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+        try:
+            self._wait_for_loads(timeout)
+            if on_ready is not None:
+                on_ready()
+        except BaseException as error:
+            self._dead_reason = f"initialization failed: {error}"
+            stuck = isinstance(error, TimeoutError)
+            self.shutdown(join_timeout=1.0 if stuck else 30.0)  # a stuck load cannot be interrupted
+            raise RuntimeError(f"{INIT_ERROR_PREFIX}: {error}") from (None if stuck else error)
+        self._started = True
+
+    def _wait_for_loads(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        pending = {worker.ready: worker for worker in self.workers}
+        while pending:
+            remaining = deadline - time.monotonic()
+            done, _ = concurrent.futures.wait(pending, max(remaining, 0.0), return_when=concurrent.futures.FIRST_EXCEPTION)
+            if not done:
+                raise TimeoutError(f"the workers did not load within {timeout:.0f} s")
             for future in done:
                 worker = pending.pop(future)
                 error = future.exception()
                 if error is not None:
                     raise RuntimeError(f"worker {worker.index} on {worker.device}: {type(error).__name__}: {error}") from error
-        if on_ready is not None:
-            on_ready()
 
     def shutdown(self, join_timeout: float = 30.0) -> None:
-        """Stop the workers (their requests get 503), then the engine thread; joins every thread."""
+        """Stop the workers (their requests get 503) and join their threads."""
         with self._lock:
             if self._dead_reason is None:
                 self._dead_reason = "the albatross engine is shutting down"
         for worker in self.workers:
             worker.stop(join_timeout)
-        loop, thread = self._loop, self._thread
-        if loop is not None and thread is not None and thread.is_alive():
-            try:
-                loop.call_soon_threadsafe(loop.stop)
-            except RuntimeError:
-                pass  # the loop already closed
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(join_timeout)
 
     @property
     def running(self) -> bool:
-        return self._dead_reason is None and self._thread is not None and self._thread.is_alive()
+        return self._started and self._dead_reason is None
 
     # ---------------------------------------------------------------------------- requests
 
     def submit(self, task: EngineTask) -> None:
-        """Hand a task to the engine from any thread; its events arrive on `task.channel`."""
-        loop = self._loop
-        if not self.running or loop is None:
-            raise BackendError(503, self._unavailable_message())
-        try:
-            loop.call_soon_threadsafe(self._place, task)
-        except RuntimeError:  # the loop closed between the check and the call
-            raise BackendError(503, self._unavailable_message()) from None
-
-    def abort(self, task: EngineTask) -> None:
-        task.abort_requested = True
-        loop = self._loop
-        if loop is None:
-            return
-        try:
-            loop.call_soon_threadsafe(self._forward_abort, task)
-        except RuntimeError:
-            pass  # the engine is gone; so is the task
-
-    def _place(self, task: EngineTask) -> None:
-        if self._dead_reason is None:
+        """Hand a task to the live worker with the fewest tasks, from any thread; its events
+        arrive on `task.channel`."""
+        if self.running:
             for worker in sorted((w for w in self.workers if w.alive), key=lambda w: w.load):
                 if worker.submit(task):
                     return
-        send_now(task.channel, BackendError(503, self._unavailable_message()))
+        raise BackendError(503, self._unavailable_message())
 
-    def _forward_abort(self, task: EngineTask) -> None:
+    def abort(self, task: EngineTask) -> None:
+        task.abort_requested = True
         if 0 <= task.worker_index < len(self.workers):
             self.workers[task.worker_index].abort(task)
 

@@ -137,17 +137,11 @@ class EventOutbox:
         return closed
 
 
-def send_now(channel: EventChannel, item: EventItem) -> None:
-    """Deliver one item outside a step (admission errors, engine failure)."""
-    outbox = EventOutbox()
-    outbox.add(channel, item)
-    outbox.flush()
-
-
 @dataclass(slots=True, eq=False)
 class EngineTask:
-    """One request's progress. Fields up to `worker_index` are fixed at submit (the core sets
-    `abort_requested` and `worker_index`); the rest belong to the worker thread that owns the task."""
+    """One request's progress. Fields up to `worker_index` are fixed at submit (the core and the
+    worker set `abort_requested` and `worker_index` from the caller's thread); the rest belong to
+    the worker thread that owns the task."""
 
     prompt_tokens: list[int]
     sampling: SamplingParams

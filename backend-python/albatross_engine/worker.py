@@ -61,7 +61,7 @@ class Worker:
         self.overlap = config.overlap if config.overlap is not None else device.type == "cuda"
         self._loader = loader
         self._prompt_ends = prompt_ends or PromptEndIndex()
-        self._on_death = on_death
+        self.on_death = on_death  # the engine core's: a dead worker ends the engine
         self._scheduler = Scheduler(config.batch_size, config.prefill_chunk, config.prefill_budget)
         self._cond = threading.Condition()
         self._inbox: list[EngineTask] = []
@@ -149,8 +149,8 @@ class Worker:
         except BaseException as error:  # a dead worker must fail its requests, not hang them
             logger.exception("albatross worker %d died", self.index)
             self._shut_down(BackendError(503, f"the albatross engine stopped: {type(error).__name__}: {error}"))
-            if self._on_death is not None:
-                self._on_death(self, error)
+            if self.on_death is not None:
+                self.on_death(self, error)
         finally:
             self._release_device()
 

@@ -10,7 +10,8 @@ sum of its step times.
     python bench/host_overhead.py                     # the 960-request workload of engine_benchmark.py
     python bench/host_overhead.py --requests 64 --batch 64 --max-tokens 64
 
-Prints the run's wall time, the simulated device's busy time, and the idle time between steps.
+Prints the run's wall time, the simulated device's busy time, the idle time between steps, and
+the CPU time per step of the worker threads, the caller's loop and the whole process.
 """
 
 from __future__ import annotations
@@ -158,9 +159,11 @@ def main(argv: list[str] | None = None) -> None:
     main_thread = threading.main_thread()
     threads = [*workers, main_thread]
     cpu_before = [_cpu_seconds(t) for t in threads]
+    process_before = time.process_time()
     try:
         generated, wall = asyncio.run(_run(backend, args))
         used = [_cpu_seconds(t) - b for t, b in zip(threads, cpu_before)]
+        process_cpu = time.process_time() - process_before
         worker_cpu, main_cpu = sum(used[:-1]), used[-1]
         steps = int(backend.status().get("steps", 0))  # type: ignore[call-overload]  # all workers' steps
     finally:
@@ -175,7 +178,7 @@ def main(argv: list[str] | None = None) -> None:
           f"simulated device busy {clock.busy:.2f} s, idle between steps {clock.idle:.2f} s "
           f"(host overhead {100 * clock.idle / max(clock.busy, 1e-9):.1f}% of device time)")  # fmt: skip
     print(f"CPU per step ({steps} steps): worker threads {1000 * worker_cpu / max(steps, 1):.2f} ms, "
-          f"caller loop {1000 * main_cpu / max(steps, 1):.2f} ms; idle before decode-only steps "
+          f"caller loop {1000 * main_cpu / max(steps, 1):.2f} ms, process {1000 * process_cpu / max(steps, 1):.2f} ms; idle before decode-only steps "
           f"{clock.idle_by_kind.get('decode', 0.0):.2f} s, before steps with prompt chunks {clock.idle_by_kind.get('mixed', 0.0):.2f} s")  # fmt: skip
 
 

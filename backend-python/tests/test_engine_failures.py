@@ -17,7 +17,7 @@ import albatross_engine.worker as worker_module
 from albatross.detokenizer import TextStream
 from albatross_engine.adapter import AlbatrossRWKV
 from albatross_engine.config import AlbatrossBackendConfig
-from albatross_engine.core import AsyncEngineCore
+from albatross_engine.core import EngineCore
 from albatross_engine.worker import Worker
 from albatross.tokenizer import get_tokenizer
 from runner.interface import BackendError, GenerationEvent, GenerationRequest, SamplingParams
@@ -135,7 +135,7 @@ def test_when_the_engine_dies_waiting_and_later_requests_get_503_at_once(engine:
 def test_switching_models_twice_leaves_no_engine_thread(tiny_checkpoint: Path) -> None:
     for _ in range(2):
         backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=2, device="cpu")
-        assert "albatross-engine" in engine_threads() and "albatross-worker-0" in engine_threads()
+        assert engine_threads() == ["albatross-worker-0"], "one thread per worker, none besides"
         backend.shutdown()
     assert engine_threads() == [], f"threads left behind: {engine_threads()}"
 
@@ -178,7 +178,7 @@ def test_a_load_that_never_finishes_fails_initialization_after_the_timeout() -> 
         raise RuntimeError("released")
 
     worker = Worker(0, torch.device("cpu"), stuck_loader, AlbatrossBackendConfig(batch_size=1), get_tokenizer())  # type: ignore[arg-type]
-    core = AsyncEngineCore([worker])
+    core = EngineCore([worker])
     try:
         with pytest.raises(RuntimeError, match="^Albatross engine initialization failed: .*did not load within"):
             core.start(timeout=0.2)
