@@ -104,13 +104,7 @@ class DecodeGraphRunner:
                 forward_decode(self.model, self.pool, batch, token_ids)
         torch.cuda.current_stream(device).wait_stream(side)
         graph = torch.cuda.CUDAGraph()
-        # The capture stream is this runner's own, on its device: torch.cuda.graph's default is
-        # one stream per process, made on whichever GPU captured first, so with workers=2 the
-        # second GPU captured on the first GPU's stream: an empty graph (replays did nothing and
-        # that worker sampled from stale logits), and the first GPU's capture saw the second's
-        # kernels ("operation not permitted when stream is capturing"). Relaxed mode, because
-        # other workers keep loading weights (cudaMalloc) while one captures; the lock keeps
-        # captures one at a time, and no garbage collection runs inside one.
+        # Own stream, relaxed mode, one capture at a time, no GC: docs/performance.md ("Two GPUs").
         with _CAPTURE_LOCK, _no_gc(), torch.cuda.graph(
             graph, pool=self.memory_pool, stream=self._capture_stream, capture_error_mode="relaxed"
         ):

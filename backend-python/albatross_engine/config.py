@@ -19,14 +19,7 @@ from runner.backends import ALBATROSS_STRATEGY_WORDS as STRATEGY_WORDS
 logger = logging.getLogger(__name__)
 
 DTYPE_NAMES = tuple(DTYPES)  # for weights and activations (`dtype`) and WKV states (`state_dtype`)
-# Short chunks from many prompts rather than long chunks from few: a (slot, head) of the WKV kernel
-# is a serial chain of ~1 us a token, so a step's WKV time follows its longest chunk, while the
-# matmuls only see the total. H200, 7.2B, 960 requests (docs/performance.md): 128 / 8192 gave
-# 12.6k tok/s and an inter-token p90 of 54 ms; 512 / 4096 gave 12.1k and 150 ms. A larger budget
-# then means fewer steps that carry prompt chunks, each paying the step's fixed costs once:
-# 128 / 16384 gave 14.1k against 13.7k for 128 / 8192 (session 3), at the price of longer stalls
-# for the streams decoding alongside a prefill burst (inter-token p99 473 ms against 266 ms);
-# `prefill_budget=8192` in the strategy restores the shorter stalls.
+# Short chunks from many prompts, a large budget per step: the measurements are in docs/performance.md.
 DEFAULT_PREFILL_CHUNK = 128
 DEFAULT_PREFILL_BUDGET = 16384
 
@@ -43,7 +36,7 @@ class AlbatrossBackendConfig:
     prefill_budget: int = DEFAULT_PREFILL_BUDGET  # most prompt tokens all requests feed together in one step
     state_dtype: str | None = None  # WKV state precision; None: fp16 on cuda, fp32 on cpu (docs/performance.md)
     overlap: bool | None = None  # host work of step N while step N+1 runs; None: on for cuda
-    cuda_graphs: bool = True  # replay decode steps from CUDA graphs when albatross provides them
+    cuda_graphs: bool = True  # replay decode-only steps from CUDA graphs (a GPU only)
 
     def __post_init__(self) -> None:
         for name in ("worker_num", "batch_size", "prefill_chunk", "prefill_budget"):

@@ -14,11 +14,11 @@ the previous step's ids (the one sync per step; `IssuedStep.token_ids()`).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
+from albatross.cuda_graphs import DecodeGraphRunner, forward_decode
 from albatross.dtypes import DTYPES
 from albatross.model import RWKV7
 from albatross.ops import FlatBatch, host_to_device
@@ -29,7 +29,6 @@ from albatross_engine.scheduler import RowKind, StepPlan
 
 logger = logging.getLogger(__name__)
 
-ForwardDecode = Callable[[RWKV7, StatePool, FlatBatch, torch.Tensor], torch.Tensor]
 
 
 @dataclass(slots=True)
@@ -67,14 +66,12 @@ class DeviceStep:
         self.model = model
         self.device = model.device
         self.vocab_size = model.config.vocab_size
-        # The decode forward from device ids, when the kernels module provides it.
-        self._forward_decode = _import_forward_decode()
-        use_graphs = cuda_graphs and self.device.type == "cuda" and self._forward_decode is not None
+        use_graphs = cuda_graphs and self.device.type == "cuda"
         # Graph replays pad short batches with a scratch slot, which the scheduler never hands out.
         self.pool = model.new_pool(batch_size + (1 if use_graphs else 0), DTYPES[state_dtype])
         self.penalties = PenaltyPool(batch_size, model.config.vocab_size, model.device)
         self._graphs = _decode_graph_runner(model, self.pool, batch_size) if use_graphs else None
-        self._largest_bucket = max(self._graphs.buckets) if self._graphs is not None else 0  # type: ignore[attr-defined]
+        self._largest_bucket = max(self._graphs.buckets) if self._graphs is not None else 0
         self._last: IssuedStep | None = None  # its sampled ids feed the next step's decode rows
 
     def reset_slots(self, slots: list[int]) -> None:
@@ -114,7 +111,7 @@ class DeviceStep:
         sampling = self._sampling_inputs(plan) if plan.sample_count else None
         slots = [row.slot for row in plan.rows]
         last = self._last
-        if not plan.prefill_tokens and self._forward_decode is not None and last is not None and last.ids is not None:
+        if not plan.prefill_tokens and last is not None and last.ids is not None:
             logits = self._decode_from_device(slots, [row.input_row for row in plan.rows], last.ids)
         else:
             previous_ids = last.token_ids() if plan.decode_tokens and last is not None else []
@@ -130,13 +127,12 @@ class DeviceStep:
         return issued
 
     def _decode_from_device(self, slots: list[int], input_rows: list[int], previous: torch.Tensor) -> torch.Tensor:
-        assert self._forward_decode is not None
         index = host_to_device(torch.tensor([slots, input_rows], dtype=torch.int64), self.device)
         token_ids = previous.index_select(0, index[1])
         if self._graphs is not None and len(slots) <= self._largest_bucket:
-            return self._graphs.decode(index[0], token_ids)  # type: ignore[attr-defined]
+            return self._graphs.decode(index[0], token_ids)
         batch = FlatBatch.build(slots, [1] * len(slots), self.device)
-        return self._forward_decode(self.model, self.pool, batch, token_ids)
+        return forward_decode(self.model, self.pool, batch, token_ids)
 
     def _sampling_inputs(self, plan: StepPlan) -> _SamplingInputs:
         """Per-row sampling settings as device tensors, built on the host and sent with
@@ -206,26 +202,16 @@ class DeviceStep:
         return torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else 0
 
 
-def _import_forward_decode() -> ForwardDecode | None:
-    try:
-        from albatross.cuda_graphs import forward_decode
-    except ImportError:
-        return None
-    return forward_decode
-
-
 def graph_buckets(batch_size: int) -> tuple[int, ...]:
     """Powers of two below the batch size, and the batch size itself."""
     sizes = {1 << i for i in range(batch_size.bit_length()) if 1 << i <= batch_size}
     return tuple(sorted(sizes | {batch_size}))
 
 
-def _decode_graph_runner(model: RWKV7, pool: StatePool, batch_size: int) -> object | None:
-    """Captured decode steps (albatross.cuda_graphs.DecodeGraphRunner), one per bucket; slot
-    `batch_size` of the pool is its scratch slot. A capture failure falls back to eager decode."""
+def _decode_graph_runner(model: RWKV7, pool: StatePool, batch_size: int) -> DecodeGraphRunner | None:
+    """Captured decode steps, one per bucket; slot `batch_size` of the pool is its scratch slot.
+    A capture failure falls back to eager decode."""
     try:
-        from albatross.cuda_graphs import DecodeGraphRunner
-
         return DecodeGraphRunner(model, pool, scratch_slot=batch_size, buckets=graph_buckets(batch_size))
     except Exception:
         logger.exception("CUDA graphs unavailable; decoding eagerly")
