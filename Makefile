@@ -14,7 +14,7 @@ BENCH ?= bench_model
 DEMO_MODEL := $(CURDIR)/models/rwkv7-demo-tiny.pth
 MODEL_PATH := $(if $(MODEL),$(abspath $(MODEL)),$(DEMO_MODEL))
 
-.PHONY: serve test deps test-deps demo-model frontend frontend-test bench kernels
+.PHONY: serve test lint deps test-deps demo-model frontend frontend-test bench kernels
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -55,8 +55,13 @@ serve: deps frontend $(if $(MODEL),,demo-model)
 frontend-test: $(VENV)/.test-deps
 	cd frontend && npm ci --no-audit --no-fund && npm test && PYTHON=$(PY) npm run test:browser
 
-# pytest exits non-zero when a test fails and 5 when it collected none: both fail the target.
+# ruff (backend-python/ruff.toml) and mypy (backend-python/mypy.ini): a finding stops the target.
+lint: test-deps
+	cd backend-python && $(PY) -m ruff check . && $(PY) -m mypy
+
+# Lint first; pytest exits non-zero when a test fails and 5 when it collected none: both fail the target.
 test: test-deps
+	$(MAKE) lint
 	cd backend-python && $(PY) -m pytest -q
 	$(MAKE) frontend-test
 

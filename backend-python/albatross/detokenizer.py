@@ -40,7 +40,7 @@ class IncrementalDecoder:
         """`push((token_id,))`, faster: a token whose bytes are whole characters, with nothing
         pending, decodes directly (the incremental decoder would return the same text)."""
         data = self._tokenizer.token_bytes(token_id)
-        if not self._utf8.buffer:  # type: ignore[attr-defined]  # codecs.BufferedIncrementalDecoder
+        if not self._utf8.buffer:  # a codecs.BufferedIncrementalDecoder
             try:
                 return data.decode("utf-8")
             except UnicodeDecodeError:

@@ -65,12 +65,18 @@ def uniform(seed32: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
 class SamplingSettings(Protocol):
     """What a row needs from a request's sampling parameters (runner SamplingParams fits)."""
 
-    temperature: float
-    top_p: float
-    top_k: int
-    presence_penalty: float
-    frequency_penalty: float
-    penalty_decay: float
+    @property
+    def temperature(self) -> float: ...
+    @property
+    def top_p(self) -> float: ...
+    @property
+    def top_k(self) -> int: ...
+    @property
+    def presence_penalty(self) -> float: ...
+    @property
+    def frequency_penalty(self) -> float: ...
+    @property
+    def penalty_decay(self) -> float: ...
 
 
 @dataclass(slots=True)

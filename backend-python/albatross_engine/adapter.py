@@ -47,6 +47,7 @@ class AlbatrossRWKV(AbstractRWKV):
     tokenizer_len = 65536
     backend_name = "albatross"
     concurrent = True
+    state_store: StateStore | None = None  # the engine's view: slot states by key
 
     def __init__(
         self,

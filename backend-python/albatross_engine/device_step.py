@@ -119,7 +119,9 @@ class DeviceStep:
                 row.task.prompt_tokens[row.start : row.stop] if row.kind is RowKind.PREFILL else [previous_ids[row.input_row]]
                 for row in plan.rows
             ]
-            logits = self.model.forward(self.pool, slots, tokens)
+            forwarded = self.model.forward(self.pool, slots, tokens)
+            assert isinstance(forwarded, torch.Tensor)  # not full_output: each slot's last row
+            logits = forwarded
         issued = IssuedStep(plan)
         if sampling is not None:
             self._sample(logits, sampling, issued)

@@ -1,6 +1,6 @@
 """The seam between the engine and a state cache (sessions, dialogue nodes, prompt prefixes).
 
-The worker only needs these three calls; `albatross_engine/state_cache.py` implements them with
+The worker only needs these three calls; `albatross_engine/state_cache/` implements them with
 three tiers (device, host RAM, SQLite) keyed by the model's fingerprint. Tests use `DictStateStore`.
 """
 
@@ -14,6 +14,7 @@ from array import array
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from runner import interface
 from runner.interface import PREFIX_CACHE_KEY_PREFIX
 
 if TYPE_CHECKING:
@@ -23,14 +24,14 @@ PREFIX_BOUNDARY_TOKENS = 256  # prompts are checkpointed every this many tokens 
 
 
 @runtime_checkable
-class StateStore(Protocol):
+class StateStore(interface.StateStore, Protocol):
+    """What a worker needs from a state cache: slot states by key."""
+
     def get(self, key: str) -> SlotState | None:
         """A copy of the state saved under `key` (the caller may write into it), or None."""
         ...
 
     def put(self, key: str, state: SlotState) -> None: ...
-
-    def contains(self, key: str) -> bool: ...
 
 
 def token_bytes(token_ids: Sequence[int]) -> bytes:

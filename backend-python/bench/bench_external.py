@@ -33,12 +33,12 @@ BENCH_DIR = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH_DIR.parent))
 sys.path.insert(0, str(BENCH_DIR / "external"))
 
-import sampling_compare  # noqa: E402
-import wkv_compare  # noqa: E402
-from albatross import cuda_ops  # noqa: E402
-from flashinfer_build import DEFAULT_EXT_ROOT, load  # noqa: E402
-from report import Report  # noqa: E402
-from timing import Deadline  # noqa: E402
+import sampling_compare
+import wkv_compare
+from albatross import cuda_ops
+from flashinfer_build import DEFAULT_EXT_ROOT, load
+from report import Report
+from timing import Deadline
 
 PARTS = ("wkv", "sampling")
 
@@ -90,7 +90,7 @@ def prebuild(what: str, ext_root: Path) -> None:
         try:
             results = cuda_ops.enable_cuda_kernels()
             print(f"our kernels ({time.perf_counter() - start:.0f}s): " + "; ".join(r.describe() for r in results.values()), flush=True)
-        except Exception as error:  # noqa: BLE001 - the main run reports it again and skips our rows
+        except Exception as error:  # the main run reports it again and skips our rows
             print(f"our kernels not loaded: {type(error).__name__}: {error}", flush=True)
     if what in ("all", "flashinfer"):
         if not torch.cuda.is_available():
@@ -99,7 +99,7 @@ def prebuild(what: str, ext_root: Path) -> None:
         try:
             load(ext_root)
             print(f"FlashInfer binding ready after {time.perf_counter() - start:.0f}s", flush=True)
-        except Exception as error:  # noqa: BLE001 - a failed build is reported, the main run skips those rows
+        except Exception as error:  # a failed build is reported, the main run skips those rows
             print(f"FlashInfer binding not built: {type(error).__name__}: {error}", flush=True)
 
 
@@ -130,13 +130,13 @@ def main(argv: list[str] | None = None) -> None:
         print("\n== wkv: ours vs flash-linear-attention", flush=True)
         try:
             wkv_compare.run(args, report, Deadline(args.wkv_budget_s))
-        except Exception as error:  # noqa: BLE001 - one failing part must not cost the other
+        except Exception as error:  # one failing part must not cost the other
             report.error("wkv", error)
     if "sampling" in parts:
         print("\n== sampling: ours vs FlashInfer", flush=True)
         try:
             sampling_compare.run(args, report, Deadline(args.sampling_budget_s))
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             report.error("sampling", error)
     if report.data["errors"]:
         print(f"\n{len(report.data['errors'])} error(s): " + "; ".join(report.data["errors"]), flush=True)

@@ -20,12 +20,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from albatross import cuda_ops, sampler  # noqa: E402
-from albatross.cuda_graphs import DecodeGraphRunner  # noqa: E402
-from albatross.model import RWKV7  # noqa: E402
-from albatross.random_checkpoint import NAMED_SHAPES, random_state_dict  # noqa: E402
-from albatross.state import StatePool  # noqa: E402
-from gpu_json import write_gpu_json  # noqa: E402  (bench/ is the script's folder)
+from albatross import cuda_ops, sampler
+from albatross.cuda_graphs import DecodeGraphRunner
+from albatross.model import RWKV7
+from albatross.random_checkpoint import NAMED_SHAPES, random_state_dict
+from albatross.state import StatePool
+from gpu_json import write_gpu_json  # bench/ is the script's folder
 
 
 @dataclass(slots=True)

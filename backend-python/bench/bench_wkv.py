@@ -22,8 +22,8 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from albatross import cuda_ops, ops  # noqa: E402
-from gpu_json import write_gpu_json  # noqa: E402  (bench/ is the script's folder)
+from albatross import cuda_ops, ops
+from gpu_json import write_gpu_json  # bench/ is the script's folder
 
 N = ops.HEAD_SIZE
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}

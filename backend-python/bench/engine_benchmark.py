@@ -33,13 +33,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from albatross import cuda_ops  # noqa: E402
-from albatross.model import RWKV7  # noqa: E402
-from albatross.random_checkpoint import random_state_dict  # noqa: E402
-from albatross_engine.adapter import AlbatrossRWKV, parse_random_spec  # noqa: E402
-from step_profile import StepProfiler  # noqa: E402  (bench/ is the script's folder)
-from timeline import print_timeline, timeline_point  # noqa: E402
-from runner.interface import GenerationRequest, SamplingParams  # noqa: E402
+from albatross import cuda_ops
+from albatross.model import RWKV7
+from albatross.random_checkpoint import random_state_dict
+from albatross_engine.adapter import AlbatrossRWKV, parse_random_spec
+from step_profile import StepProfiler  # bench/ is the script's folder
+from timeline import print_timeline, timeline_point
+from runner.interface import GenerationRequest, SamplingParams
 
 
 @dataclass(slots=True)

@@ -28,13 +28,13 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from albatross.model import RWKV7  # noqa: E402
-from albatross.random_checkpoint import random_state_dict  # noqa: E402
-from albatross_engine import worker as worker_module  # noqa: E402
-from albatross_engine.adapter import AlbatrossRWKV, parse_random_spec  # noqa: E402
-from albatross_engine.device_step import IssuedStep  # noqa: E402
-from albatross_engine.scheduler import StepPlan  # noqa: E402
-from runner.interface import GenerationRequest, SamplingParams  # noqa: E402
+from albatross.model import RWKV7
+from albatross.random_checkpoint import random_state_dict
+from albatross_engine import worker as worker_module
+from albatross_engine.adapter import AlbatrossRWKV, parse_random_spec
+from albatross_engine.device_step import IssuedStep
+from albatross_engine.scheduler import StepPlan
+from runner.interface import GenerationRequest, SamplingParams
 
 
 class _DeviceClock:

@@ -96,4 +96,4 @@ def load_factory(entry: BackendEntry) -> BackendFactory:
     factory = getattr(module, function_name, None)
     if not callable(factory):
         raise BackendLoadError(f"{entry.factory} is not a callable factory")
-    return factory  # type: ignore[no-any-return]
+    return factory

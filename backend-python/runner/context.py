@@ -32,11 +32,11 @@ class AppContext:
 
 
 def app_context(app: FastAPI) -> AppContext:
-    return app.state.context  # type: ignore[no-any-return]
+    return app.state.context
 
 
 def context(request: Request) -> AppContext:
-    return request.app.state.context  # type: ignore[no-any-return]
+    return request.app.state.context
 
 
 def register_native_batch_handler(app: FastAPI, handler: NativeBatchHandler) -> None:

@@ -159,8 +159,8 @@ class GenerationDriver:
 
     async def __anext__(self) -> ChoiceEvent:
         if self._pending is not None:
-            item, self._pending = self._pending, None
-            return item
+            primed, self._pending = self._pending, None
+            return primed
         item = await self._next()
         if item is None:
             raise StopAsyncIteration
@@ -252,8 +252,8 @@ async def stream_events(driver: GenerationDriver, formatter: StreamFormatter) ->
     if profiling:
         profile.stream_requests += 1
     try:
-        for chunk in formatter.opening():
-            yield chunk
+        for opening in formatter.opening():
+            yield opening
         async for index, event in driver:
             if event.finish_reason is not None:
                 raise_for_failure(event)
@@ -272,8 +272,8 @@ async def stream_events(driver: GenerationDriver, formatter: StreamFormatter) ->
             if await driver.client_gone(len(event.token_ids)):
                 log.info("client left a stream; aborting its generation")
                 return
-        for chunk in formatter.closing():
-            yield chunk
+        for closing in formatter.closing():
+            yield closing
     except (ApiError, BackendError) as exc:
         status = exc.status_code
         yield error_event(status, exc.message)

@@ -10,7 +10,7 @@ import abc
 import math
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, Protocol
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -123,6 +123,14 @@ class BackendError(Exception):
         self.message = message
 
 
+class StateStore(Protocol):
+    """A backend's state cache as the runner sees it (sessions, prefix cache): keys are the
+    runner's, states the backend's own business. The engine's `StateStore` adds get and put;
+    the state routes need more (runner.sessions.SessionStateStore)."""
+
+    def contains(self, key: str) -> bool: ...
+
+
 class AbstractRWKV(abc.ABC):
     """What every backend implements. `name` is the checkpoint file stem."""
 
@@ -134,7 +142,7 @@ class AbstractRWKV(abc.ABC):
     defaults: SamplingDefaults = SamplingDefaults()
     # The backend's state cache (sessions, prefix cache), or None when it keeps no states. The state
     # routes read it through runner.sessions.SessionStateStore; requests carrying a StateRef need it.
-    state_store: object | None = None
+    state_store: StateStore | None = None
 
     @abc.abstractmethod
     def encode(self, text: str) -> list[int]: ...

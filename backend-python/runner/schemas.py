@@ -146,7 +146,7 @@ class SwitchModelRequest(_Body):
     model: str
     strategy: str = ""
     tokenizer: str | None = None
-    customCuda: bool | None = None  # noqa: N815 (the runner's spelling)
+    customCuda: bool | None = None  # the runner's spelling
     deploy: bool = False
 
 

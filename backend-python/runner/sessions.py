@@ -104,4 +104,4 @@ def session_store_of(backend: object) -> SessionStateStore | None:
     store = getattr(backend, "state_store", None)
     if store is None or not all(callable(getattr(store, name, None)) for name in _MANAGEMENT_METHODS):
         return None
-    return store  # type: ignore[no-any-return]
+    return store

@@ -116,7 +116,7 @@ def test_two_hundred_requests_through_eight_slots_complete_correctly_without_a_s
         assert events[-1].finish_reason == "length"
     wait_idle(engine)
     worker = engine.core.workers[0]
-    assert worker._scheduler.free_slot_count == 8, "every slot is free again"  # noqa: SLF001
+    assert worker._scheduler.free_slot_count == 8, "every slot is free again"
     assert worker.load == 0 and engine.core.metrics().active_slots == 0
 
 

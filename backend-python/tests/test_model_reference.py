@@ -12,7 +12,7 @@ from albatross.model import RWKV7
 from albatross.state import StatePool
 
 os.environ["RWKV_V7_ON"] = "1"  # must be set before the package is imported
-from rwkv.model import RWKV as ReferenceRWKV  # noqa: E402
+from rwkv.model import RWKV as ReferenceRWKV
 
 TOLERANCE = 1e-4
 PROMPT_TOKENS = 64

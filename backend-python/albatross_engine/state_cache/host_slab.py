@@ -14,11 +14,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import threading
-from typing import Any
 
 import torch
 
-from albatross_engine.state_cache.records import StateT, tensor_fields
+from albatross_engine.state_cache.records import SerializableState, StateT, tensor_fields
 
 logger = logging.getLogger(__name__)
 
@@ -58,12 +57,12 @@ class HostSlab:
         self._thread.join(timeout)
         return self._arena is not None
 
-    def fits(self, state: Any) -> bool:
+    def fits(self, state: SerializableState) -> bool:
         """Whether `state` can ever get a slot (the arena is ready and the state not too large)."""
         with self._lock:
             return self._arena is not None and (self._slot_bytes == 0 or self._slot_size(state) <= self._slot_bytes)
 
-    def take(self, state: Any) -> int | None:
+    def take(self, state: SerializableState) -> int | None:
         """A free slot for `state`, or None (not allocated yet, all taken, or the state too large)."""
         needed = self._slot_size(state)
         with self._lock:
@@ -91,7 +90,7 @@ class HostSlab:
             nbytes = tensor.numel() * tensor.element_size()
             views[name] = self._arena[offset : offset + nbytes].view(tensor.dtype).view(tensor.shape)
             offset += _aligned(nbytes)
-        return dataclasses.replace(like, **views)  # type: ignore[type-var]
+        return dataclasses.replace(like, **views)
 
     def close(self) -> None:
         self._thread.join()
@@ -101,5 +100,5 @@ class HostSlab:
                 torch.cuda.cudart().cudaHostUnregister(arena.data_ptr())
 
     @staticmethod
-    def _slot_size(state: Any) -> int:
+    def _slot_size(state: SerializableState) -> int:
         return sum(_aligned(t.numel() * t.element_size()) for t in tensor_fields(state).values())

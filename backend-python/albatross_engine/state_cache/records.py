@@ -11,7 +11,7 @@ import dataclasses
 import hashlib
 import json
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, ClassVar, Literal, Protocol, Self, TypeVar
 
 import torch
 
@@ -19,32 +19,38 @@ Tier = Literal["L1", "L2", "L3"]
 
 
 class SerializableState(Protocol):
-    """The part of `albatross.state.SlotState` the cache relies on."""
+    """What the cache relies on in a state (`albatross.state.SlotState` is one): a dataclass whose
+    tensor fields are the state, and its own byte format for the disk tier."""
+
+    __dataclass_fields__: ClassVar[dict[str, dataclasses.Field[Any]]]
 
     def to_bytes(self) -> bytes: ...
 
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Self: ...
 
-StateT = TypeVar("StateT")
+
+StateT = TypeVar("StateT", bound=SerializableState)
 
 
-def tensor_fields(state: Any) -> dict[str, torch.Tensor]:
+def tensor_fields(state: SerializableState) -> dict[str, torch.Tensor]:
     if not dataclasses.is_dataclass(state):
         raise TypeError(f"a cached state must be a dataclass of tensors, got {type(state).__name__}")
     return {f.name: getattr(state, f.name) for f in dataclasses.fields(state) if isinstance(getattr(state, f.name), torch.Tensor)}
 
 
-def state_nbytes(state: Any) -> int:
+def state_nbytes(state: SerializableState) -> int:
     return sum(t.numel() * t.element_size() for t in tensor_fields(state).values())
 
 
-def state_layout(state: Any) -> str:
+def state_layout(state: SerializableState) -> str:
     """A canonical text of every tensor's name, shape and dtype: stored next to the bytes and checked
     again after decoding, so a row whose payload decodes to another shape is never loaded."""
     layout = {name: [list(t.shape), str(t.dtype).removeprefix("torch.")] for name, t in sorted(tensor_fields(state).items())}
     return json.dumps(layout, separators=(",", ":"))
 
 
-def state_dtype(state: Any) -> str:
+def state_dtype(state: SerializableState) -> str:
     dtypes = sorted({str(t.dtype).removeprefix("torch.") for t in tensor_fields(state).values()})
     return ",".join(dtypes)
 
@@ -57,7 +63,7 @@ def copy_state(state: StateT, device: torch.device) -> StateT:
         name: t.detach().to(device=device, copy=True, non_blocking=t.is_pinned() or t.device.type == device.type)
         for name, t in tensor_fields(state).items()
     }
-    return dataclasses.replace(state, **copies)  # type: ignore[type-var]
+    return dataclasses.replace(state, **copies)
 
 
 def copy_into(state: StateT, destination: StateT) -> torch.cuda.Event:
@@ -87,7 +93,7 @@ def copy_to_host(state: StateT) -> tuple[StateT, torch.cuda.Event | None]:
     if len(devices) != 1:
         raise ValueError(f"a state's tensors must share one device, got {sorted(map(str, devices))}")
     pinned = {name: torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for name, t in tensors.items()}
-    destination = dataclasses.replace(state, **pinned)  # type: ignore[type-var]
+    destination = dataclasses.replace(state, **pinned)
     return destination, copy_into(state, destination)
 
 
@@ -99,7 +105,7 @@ def checksum(payload: bytes) -> str:
 class CachedEntry:
     """One state held in memory (L1 or L2)."""
 
-    state: Any
+    state: SerializableState
     nbytes: int
     last_updated: float  # wall-clock seconds of the put that created it
     dirty: bool  # not on disk and no write queued: flush() or eviction must write it

@@ -25,7 +25,8 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Generic, cast
 
 import torch
 
@@ -34,6 +35,8 @@ from albatross_engine.state_cache.memory_tier import LruTier
 from albatross_engine.state_cache.records import (
     CacheEntryInfo,
     CachedEntry,
+    SerializableState,
+    StateT,
     StoredRecord,
     checksum,
     copy_into,
@@ -58,7 +61,7 @@ def is_session_key(key: str) -> bool:
     return not key.startswith(PREFIX_CACHE_KEY_PREFIX)
 
 
-def _default_state_type() -> type:
+def _default_state_type() -> type[SerializableState]:
     from albatross.state import SlotState
 
     return SlotState
@@ -67,7 +70,7 @@ def _default_state_type() -> type:
 @dataclass(slots=True)
 class _WriteJob:
     key: str
-    state: Any  # a private CPU copy, never mutated
+    state: SerializableState  # a private CPU copy, never mutated
     last_updated: float
     landed: torch.cuda.Event | None = None  # the copy is complete once this has (None: already)
 
@@ -86,7 +89,9 @@ class CacheStats:
     disk_evictions: int = 0
 
 
-class StateCache:
+class StateCache(Generic[StateT]):
+    """States of one type (`state_type`, default `SlotState`) keyed by text, for one model."""
+
     def __init__(
         self,
         path: str | Path,
@@ -96,7 +101,7 @@ class StateCache:
         l1_bytes: int = 1 << 30,
         l2_bytes: int = 4 << 30,
         l3_bytes: int = 32 << 30,
-        state_type: type | None = None,
+        state_type: type[StateT] | None = None,
         write_through: Callable[[str], bool] = is_session_key,
     ) -> None:
         if not fingerprint:
@@ -104,7 +109,8 @@ class StateCache:
         self.fingerprint = fingerprint
         self.device = torch.device(device)
         self.path = Path(path)
-        self._state_type = state_type if state_type is not None else _default_state_type()
+        # Every state held here was put as, or decoded into, this type (hence the casts in get).
+        self._state_type = cast("type[StateT]", state_type if state_type is not None else _default_state_type())
         self._write_through = write_through
         self._l1 = LruTier(l1_bytes)
         self._l2 = LruTier(l2_bytes)
@@ -128,30 +134,30 @@ class StateCache:
 
     # ---- StateStore protocol -------------------------------------------------------------------
 
-    def get(self, key: str) -> Any | None:
+    def get(self, key: str) -> StateT | None:
         """A private copy of the state on the cache's device, or None. A hit moves the entry to L1."""
         with self._lock:
             entry = self._l1.touch(key)
             if entry is not None:
                 self._stats.l1_hits += 1
-                return copy_state(entry.state, self.device)
+                return cast(StateT, copy_state(entry.state, self.device))
             entry = self._l2.pop(key)
             if entry is not None:
                 self._stats.l2_hits += 1
-                return self._promote(key, entry.state, entry.last_updated, dirty=entry.dirty, landed=entry.landed, leaving=entry)
+                return cast(StateT, self._promote(key, entry.state, entry.last_updated, dirty=entry.dirty, landed=entry.landed, leaving=entry))
             job = self._pending.get(key)
             if job is not None:
                 self._stats.l2_hits += 1
-                return self._promote(key, job.state, job.last_updated, dirty=False, landed=job.landed)
+                return cast(StateT, self._promote(key, job.state, job.last_updated, dirty=False, landed=job.landed))
             record = self._l3.read(self.fingerprint, key)
             state = None if record is None else self._decode(record)
             if record is None or state is None:
                 self._stats.misses += 1
                 return None
             self._stats.l3_hits += 1
-            return self._promote(key, state, record.last_updated, dirty=False)
+            return cast(StateT, self._promote(key, state, record.last_updated, dirty=False))
 
-    def put(self, key: str, state: Any) -> None:
+    def put(self, key: str, state: StateT) -> None:
         cached = copy_state(state, self.device)
         now = time.time()
         durable = self._write_through(key)
@@ -271,9 +277,9 @@ class StateCache:
             raise RuntimeError("the state cache is closed")
 
     def _promote(
-        self, key: str, state: Any, last_updated: float, *, dirty: bool, landed: torch.cuda.Event | None = None,
+        self, key: str, state: SerializableState, last_updated: float, *, dirty: bool, landed: torch.cuda.Event | None = None,
         leaving: CachedEntry | None = None,
-    ) -> Any:
+    ) -> SerializableState:
         if landed is not None and self.device.type == "cuda":
             torch.cuda.current_stream(self.device).wait_event(landed)  # the device waits, not this thread
         elif landed is not None:
@@ -293,7 +299,7 @@ class StateCache:
                 self._l2.insert(key, demoted)
             elif entry.dirty:  # no host slot: a prefix state is dropped (a session state is on disk)
                 self._stats.prefix_dropped += 1
-        for key, entry in list(self._l2.evict_over_budget()):
+        for _key, entry in list(self._l2.evict_over_budget()):
             # Only prefix-cache entries are dirty (sessions are written through). One falling out of
             # host memory is dropped, not written: under load that would mean gigabytes of disk
             # writes (32 MB a state at 7.2B) to save a recomputable prefill.
@@ -332,7 +338,7 @@ class StateCache:
             entry.slot = None
 
     def _enqueue(
-        self, key: str, state: Any, last_updated: float, landed: torch.cuda.Event | None = None, borrowed: bool = False
+        self, key: str, state: SerializableState, last_updated: float, landed: torch.cuda.Event | None = None, borrowed: bool = False
     ) -> None:
         if borrowed:  # it lives in a slab slot that may be reused before the writer reads it (flush only)
             if landed is not None:
@@ -412,7 +418,7 @@ class StateCache:
             last_updated=job.last_updated,
         )
 
-    def _decode(self, record: StoredRecord) -> Any | None:
+    def _decode(self, record: StoredRecord) -> StateT | None:
         """The state of a row, or None (and the row dropped) when the row is corrupt."""
         problem: str | None = None
         state = None
@@ -434,5 +440,5 @@ class StateCache:
         return None
 
 
-def _on_cpu(state: Any) -> bool:
+def _on_cpu(state: SerializableState) -> bool:
     return all(t.device.type == "cpu" for t in tensor_fields(state).values())

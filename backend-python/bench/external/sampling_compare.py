@@ -200,7 +200,7 @@ def run(args: Any, report: Report, deadline: Deadline) -> tuple[list[dict[str, A
     fi: ModuleType | None = None
     try:
         fi = load(Path(args.ext_root))
-    except Exception as error:  # noqa: BLE001 - missing headers or a failed build: skip FlashInfer's rows, say why
+    except Exception as error:  # missing headers or a failed build: skip FlashInfer's rows, say why
         report.note(f"sampling: FlashInfer rows skipped ({type(error).__name__}: {error})")
     device = torch.device("cuda")
     timing: list[dict[str, Any]] = []
@@ -219,7 +219,7 @@ def run(args: Any, report: Report, deadline: Deadline) -> tuple[list[dict[str, A
                     timing.append(row)
                     report.add("sampling", "timing", row)
                     print(row, flush=True)
-                except Exception as error:  # noqa: BLE001 - report and go on
+                except Exception as error:  # report and go on
                     report.error(f"sampling {filt.label} batch {rows} {name}", error)
     draws: list[dict[str, Any]] = []
     if deadline.passed():
@@ -229,7 +229,7 @@ def run(args: Any, report: Report, deadline: Deadline) -> tuple[list[dict[str, A
             for row in draw_rows(fi, args.vocab, args.draw_rows, args.draw_calls, device):
                 draws.append(asdict(row))
                 report.add("sampling", "distribution", asdict(row))
-        except Exception as error:  # noqa: BLE001
+        except Exception as error:
             report.error("sampling distribution", error)
     print("\n" + markdown(timing, TIMING_COLUMNS), flush=True)
     print("\n" + markdown(draws, DRAW_COLUMNS), flush=True)

@@ -259,7 +259,7 @@ def bench_fla(fla: ModuleType, name: str, case: WkvCase, inputs: WkvInputs, ref:
     gate = fla_gate(inputs)
     try:  # the first call also runs fla's Triton autotuning
         o, ht = kernel(fla, inputs, gate, h0)
-    except Exception as first:  # noqa: BLE001 - retry with the gate in the activation dtype, as fla's layer passes it
+    except Exception as first:  # retry with the gate in the activation dtype, as fla's layer passes it
         gate = fla_gate(inputs, inputs.r.dtype)
         try:
             o, ht = kernel(fla, inputs, gate, h0)
@@ -288,7 +288,7 @@ def import_fla() -> tuple[ModuleType | None, Callable[..., Any] | None, str]:
         import fla
         import fla.ops.rwkv7 as fla_rwkv7
         from fla.ops.generalized_delta_rule.dplr.naive import dplr_recurrence
-    except Exception as error:  # noqa: BLE001 - any import failure means: skip fla, say why
+    except Exception as error:  # any import failure means: skip fla, say why
         return None, None, f"{type(error).__name__}: {error}"
     return fla_rwkv7, dplr_recurrence, getattr(fla, "__version__", "?")
 
@@ -312,7 +312,7 @@ def warm_fla(name: str, cases: list[WkvCase]) -> None:
             kernel(fla, inputs, fla_gate(inputs), inputs.state0.transpose(-1, -2).contiguous())
             torch.cuda.synchronize()
             print(f"fla {name} {case.label}: ready after {time.perf_counter() - start:.0f}s", flush=True)
-        except Exception as error:  # noqa: BLE001 - the main run meets it again and reports it
+        except Exception as error:  # the main run meets it again and reports it
             print(f"fla {name} {case.label}: {type(error).__name__}: {error}", flush=True)
         del inputs
         torch.cuda.empty_cache()
@@ -328,7 +328,7 @@ def run(args: Any, report: Report, deadline: Deadline) -> list[dict[str, Any]]:
             check = mapping_check(fla_naive)
             report.put("wkv", "mapping_check_cpu", check)
             print("wkv: mapping check on the CPU (fp32 vs float64, should be ~1e-6): " + ", ".join(f"{k} {v:.1e}" for k, v in check.items()), flush=True)
-        except Exception as error:  # noqa: BLE001 - the GPU comparison still has its own float64 reference
+        except Exception as error:  # the GPU comparison still has its own float64 reference
             report.error("wkv mapping check", error)
     if not torch.cuda.is_available():
         report.note("wkv: GPU part skipped (no CUDA GPU)")
@@ -343,7 +343,7 @@ def run(args: Any, report: Report, deadline: Deadline) -> list[dict[str, Any]]:
         try:
             inputs = make_inputs(case, "cuda", seed=case.tokens)
             ref = reference(inputs, case)
-        except Exception as error:  # noqa: BLE001 - report and go on with the next case
+        except Exception as error:  # report and go on with the next case
             report.error(f"wkv {case.label} inputs/reference", error)
             continue
         # fla first: its Triton autotuning overlaps with a background JIT build of our kernels
@@ -355,12 +355,12 @@ def run(args: Any, report: Report, deadline: Deadline) -> list[dict[str, Any]]:
                 rows.append(row)
                 report.add("wkv", "rows", row)
                 print(row, flush=True)
-            except Exception as error:  # noqa: BLE001
+            except Exception as error:
                 report.error(f"wkv {case.label} fla {name}", error)
         if ours_ready is None:
             try:
                 cuda_ops.enable_cuda_kernels()
-            except Exception as error:  # noqa: BLE001 - e.g. a failed JIT build: fla's rows still count
+            except Exception as error:  # e.g. a failed JIT build: fla's rows still count
                 report.error("wkv: loading our kernels", error)
             ours_ready = "wkv7" in ops.registered_cuda_ops()
             if not ours_ready:
@@ -371,7 +371,7 @@ def run(args: Any, report: Report, deadline: Deadline) -> list[dict[str, Any]]:
                 rows.append(row)
                 report.add("wkv", "rows", row)
                 print(row, flush=True)
-            except Exception as error:  # noqa: BLE001
+            except Exception as error:
                 report.error(f"wkv {case.label} ours", error)
         del inputs, ref
         torch.cuda.empty_cache()

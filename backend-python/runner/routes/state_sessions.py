@@ -24,6 +24,7 @@ from runner.native_schemas import StateChatRequest, StateDeleteRequest, StateSta
 from runner.schemas import read_json_object, validate_body
 from runner.sessions import (
     SessionBusy,
+    SessionReservation,
     SessionReservations,
     SessionStateStore,
     dialogue_counter_name,
@@ -53,7 +54,7 @@ def _store(request: Request) -> SessionStateStore:
     return store
 
 
-def _reserve(reservations: SessionReservations, key: str):  # -> SessionReservation
+def _reserve(reservations: SessionReservations, key: str) -> SessionReservation:
     try:
         return reservations.reserve(key)
     except SessionBusy:
