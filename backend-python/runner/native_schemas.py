@@ -1,4 +1,4 @@
-"""Request bodies of the native batch and state routes (the rwkv_lightning API; see API.md).
+"""Request bodies of the native batch and state routes (the rwkv_lightning API; see docs/api.md).
 
 Defaults are upstream's. Invalid values fail validation (422 naming the field); unknown fields are
 ignored, as upstream clients send extra ones (`pad_zero` and `noise` are accepted and unused).

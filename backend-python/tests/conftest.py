@@ -30,9 +30,3 @@ def small_checkpoint(checkpoint_dir: Path) -> Path:
     """3 layers, width 256 (4 heads): a second shape for numerical tests."""
     return write_random_checkpoint(checkpoint_dir / "rwkv7-small.pth", CheckpointShape(n_layer=3, n_embd=256), seed=2)
 
-
-def cuda_available() -> bool:
-    return torch.cuda.is_available()
-
-
-requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")

@@ -248,9 +248,13 @@ def test_invalid_native_fields_are_422_naming_the_field(client: TestClient, fiel
     assert field in response.json()["error"]["message"]
 
 
-def test_upstream_only_fields_are_accepted_and_ignored(client: TestClient) -> None:
-    response = client.post("/v2/chat/completions", json={"contents": ["x"], "max_tokens": 2, "pad_zero": True, "noise": 1.5, "whatever": 1})
-    assert response.status_code == 200, response.text
+def test_upstream_only_fields_are_accepted_and_ignored(client: TestClient, backend: HistoryBackend) -> None:
+    plain = client.post("/v2/chat/completions", json={"contents": ["x"], "max_tokens": 2})
+    extra = client.post("/v2/chat/completions", json={"contents": ["x"], "max_tokens": 2, "pad_zero": True, "noise": 1.5, "whatever": 1})
+    assert plain.status_code == extra.status_code == 200, extra.text
+    assert extra.json()["choices"] == plain.json()["choices"], "the extra fields changed the reply"
+    without, with_extra = backend.requests[-2:]
+    assert (with_extra.prompt_tokens, with_extra.sampling) == (without.prompt_tokens, without.sampling), "the extra fields reached the backend"
 
 
 def test_an_empty_contents_list_is_400(client: TestClient) -> None:

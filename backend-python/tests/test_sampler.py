@@ -94,11 +94,16 @@ def test_greedy_takes_the_lowest_id_on_ties() -> None:
 
 
 def test_same_seed_and_step_reproduce_the_same_tokens() -> None:
-    logits = _logits(4, seed=5)
-    batch = _batch([PLAIN] * 4, seed32s=[11, 22, 33, 44], steps=[0, 1, 2, 3])
-    first = sample(logits, _slots(4), batch, PenaltyPool(4, VOCAB))
-    second = sample(logits, _slots(4), batch, PenaltyPool(4, VOCAB))
-    assert torch.equal(first, second)
+    """The draw is a function of (seed, step) alone: rebuilt batches, other rows around it and other
+    slots give the same token; another step or seed a different one."""
+    logits = _logits(1, seed=5).expand(8, -1).clone()  # one distribution, eight times
+    seeds, steps = [11, 11, 22, 11, 11, 33, 11, 11], [3, 3, 3, 4, 3, 3, 3, 5]
+    ids = sample(logits, _slots(8), _batch([PLAIN] * 8, seed32s=seeds, steps=steps), PenaltyPool(8, VOCAB), update_penalties=False)
+    alone = sample(logits[:1], _slots(1), _batch([PLAIN], seed32s=[11], steps=[3]), PenaltyPool(1, VOCAB), update_penalties=False)
+    same = [i for i in range(8) if (seeds[i], steps[i]) == (11, 3)]
+    assert {ids[i].item() for i in same} == {alone.item()}, "(seed 11, step 3) drew different tokens"
+    others = {(seeds[i], steps[i]): ids[i].item() for i in range(8) if i not in same}
+    assert all(token != alone.item() for token in others.values()), f"another seed or step drew the same token: {others}"
 
 
 def test_a_rows_token_does_not_depend_on_the_other_rows() -> None:

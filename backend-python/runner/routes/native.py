@@ -1,4 +1,4 @@
-"""The native batch routes (rwkv_lightning API, see API.md): batch chat, v2, big batch, FIM,
+"""The native batch routes (rwkv_lightning API, see docs/api.md): batch chat, v2, big batch, FIM,
 translation, and the OpenAI chat route with rwkv_lightning's defaults and prompt format.
 
 Prompts are used verbatim (no template) except where a route says otherwise. Every prompt is its

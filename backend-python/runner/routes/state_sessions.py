@@ -1,4 +1,4 @@
-"""State sessions (rwkv_lightning API, see API.md): a conversation that continues a saved RWKV state
+"""State sessions (rwkv_lightning API, see docs/api.md): a conversation that continues a saved RWKV state
 (`/state/chat/completions`), immutable dialogue nodes that can branch (`/multi_state/...`), and
 listing / deleting saved states.
 

@@ -1,4 +1,4 @@
-/** The runner control routes the GUI uses (shared/API.md, "Runner control"). */
+/** The runner control routes the GUI uses (docs/api.md, "Runner control"). */
 
 import type { ApiClient } from "./client";
 

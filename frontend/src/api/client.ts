@@ -1,4 +1,4 @@
-/** HTTP to the backend (shared/API.md), with the password flow: the first 401 asks the person for
+/** HTTP to the backend (docs/api.md), with the password flow: the first 401 asks the person for
  * the password once, keeps it for the browser session and sends it as a Bearer token. */
 
 import { ApiError, AuthCancelledError, errorMessageFromBody } from "./errors";

@@ -20,7 +20,7 @@ export interface Settings {
   batchCount: number;
 }
 
-/** The runner's own defaults (API.md), so an untouched form changes nothing. */
+/** The runner's own defaults (docs/api.md), so an untouched form changes nothing. */
 export const RUNNER_SAMPLING: Sampling = {
   max_tokens: 500,
   temperature: 1.0,
