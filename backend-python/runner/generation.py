@@ -21,7 +21,7 @@ import anyio
 from starlette.requests import Request
 
 from runner.errors import ApiError, ClientGone, internal_error
-from runner.interface import AbstractRWKV, BackendError, GenerationEvent, GenerationRequest, TokenLogprob
+from runner.interface import AbstractRWKV, BackendError, FinishReason, GenerationEvent, GenerationRequest, TokenLogprob
 from runner.metrics import ServerMetrics
 from runner.model_manager import ModelManager
 from runner.profile import RouteProfile
@@ -50,7 +50,7 @@ class ChoiceJob:
 class ChoiceOutcome:
     index: int
     parts: list[str] = field(default_factory=list)
-    finish_reason: str | None = None
+    finish_reason: FinishReason | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
     logprobs: list[TokenLogprob] | None = None

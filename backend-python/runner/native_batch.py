@@ -20,7 +20,7 @@ from starlette.requests import Request
 from runner.context import context
 from runner.errors import ApiError, internal_error
 from runner.generation import ChoiceJob, ChoiceOutcome, GenerationDriver, collect, stream_events
-from runner.interface import BackendError, GenerationEvent, SamplingParams, StateRef
+from runner.interface import BackendError, FinishReason, GenerationEvent, SamplingParams, StateRef
 from runner.jobs import build_jobs, check_item_count, check_max_tokens, encode_prompts
 from runner.sse import DONE_EVENT, error_event, event_bytes, sse_response
 
@@ -52,7 +52,7 @@ class NativeStreamFormatter:
         self.chunk_size = chunk_size
         self.unsent = [""] * rows
         self.flushed_tokens = [0] * rows
-        self.finish_reasons: list[str | None] = [None] * rows
+        self.finish_reasons: list[FinishReason | None] = [None] * rows
 
     def opening(self) -> list[bytes]:
         return []
