@@ -109,7 +109,7 @@ class ClassicRWKV(AbstractRWKV):
 
     def generate(self, request: GenerationRequest) -> Iterator[GenerationEvent]:
         grammar = self._check(request)
-        return self._generate(request, grammar, threading.Event())
+        return self._generate(request, threading.Event(), grammar)
 
     async def async_generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         """Runs the synchronous loop in a worker thread; closing this iterator aborts it."""
@@ -126,7 +126,7 @@ class ClassicRWKV(AbstractRWKV):
 
         def produce() -> None:
             try:
-                for event in self._generate(request, grammar, abort):
+                for event in self._generate(request, abort, grammar):
                     deliver(event)
             except BaseException as exc:  # delivered to the consumer, which re-raises it
                 deliver(exc)
@@ -185,7 +185,7 @@ class ClassicRWKV(AbstractRWKV):
         except ConstraintError as exc:
             raise BackendError(400, f"{request.constraint.label}: {exc}") from exc
 
-    def _generate(self, request: GenerationRequest, grammar: CompiledGrammar | None, abort: threading.Event) -> Iterator[GenerationEvent]:
+    def _generate(self, request: GenerationRequest, abort: threading.Event, grammar: CompiledGrammar | None = None) -> Iterator[GenerationEvent]:
         with self._aborts_lock:
             self._aborts.add(abort)
         matcher = grammar.matcher() if grammar is not None else None
