@@ -176,3 +176,22 @@ def test_no_bias_anywhere_builds_no_bias_and_shapes_are_checked() -> None:
         replace(PLAIN, logit_bias=((5, 101.0),))
     with pytest.raises(ValueError, match="distinct"):
         replace(PLAIN, logit_bias=((5, 1.0), (5, 2.0)))
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_on_the_gpu_a_masked_or_biased_batch_samples_what_the_cpu_twin_samples() -> None:
+    """Until the CUDA kernel takes masks and biases, cuda_ops.sample must not drop them."""
+    from albatross import cuda_ops
+
+    cuda_ops.enable_cuda_kernels()
+    rows = 24
+    logits, penalty, biases, masks = _random_case(rows, seed=21)
+    params = [replace(PLAIN, temperature=0.9, top_p=0.9, logit_bias=tuple(sorted(bias.items()))) for bias in biases]
+    seeds, steps = [seed_to_seed32(r) for r in range(rows)], list(range(rows))
+    expected = sample(logits, torch.arange(rows), SamplingBatch.from_params(params, seeds, steps, allowed=_allowed(masks)), PenaltyPool(rows, VOCAB))
+    allowed = _allowed(masks)
+    gpu_allowed = AllowedTokens(index=allowed.index.cuda(), words=allowed.words.cuda())
+    batch = SamplingBatch.from_params(params, seeds, steps, device="cuda", allowed=gpu_allowed)
+    got = cuda_ops.sample(logits.cuda(), torch.arange(rows, device="cuda"), batch, PenaltyPool(rows, VOCAB, device="cuda"))
+    assert got.cpu().tolist() == expected.tolist()
