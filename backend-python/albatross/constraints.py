@@ -28,6 +28,7 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -93,8 +94,11 @@ def grammar_tokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
 # ---------------------------------------------------------------------------- grammars
 
 
-def _schema_problem(schema: Mapping[str, Any]) -> str | None:
-    grammar = llguidance.LLMatcher.grammar_from_json_schema(dict(schema), overrides=JSON_FORMAT)  # type: ignore[arg-type]
+@lru_cache(maxsize=1024)
+def _schema_problem(schema_text: str) -> str | None:
+    """What keeps the schema (canonical JSON text: the cache key) from being enforced, or None.
+    Cached: a route checks every request's schema, and the check costs milliseconds."""
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(schema_text, overrides=JSON_FORMAT)  # type: ignore[arg-type]
     # llguidance reports relaxations as warnings only in its lenient mode, which we never set;
     # a warning is still refused, so that nothing is relaxed silently.
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
@@ -121,7 +125,7 @@ def check_json_schema(schema: Any) -> dict[str, Any]:
         raise ConstraintError("a JSON schema must be an object")
     if "x-guidance" in schema:
         raise ConstraintError("unsupported JSON Schema keyword x-guidance")
-    problem = _schema_problem(schema)
+    problem = _schema_problem(json.dumps(schema, ensure_ascii=False, separators=(",", ":")))
     if problem is not None:
         raise ConstraintError(problem)
     return dict(schema)

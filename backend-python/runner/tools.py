@@ -57,7 +57,7 @@ class ToolPlan:
     def system_prompt(self) -> str:
         """The System turn's text: instructions, then one JSON line per offered function. It holds
         no blank line (RWKV World chats separate turns with one)."""
-        several = " Several calls go on separate lines." if self.parallel and len(self.callable) > 0 else ""
+        several = " Several calls go on separate lines." if self.parallel else ""
         if self.mode == "auto":
             when = "Call a function only when it helps; otherwise reply in plain text."
         elif len(self.callable) == 1 and len(self.offered) > 1:
