@@ -52,9 +52,7 @@ class ConstraintError(ValueError):
 
 
 class _VocabularyView:
-    """What llguidance.LLTokenizer reads from a tokenizer (its TokenizerWrapper protocol)."""
-
-    is_tokenizer_wrapper = True
+    """What llguidance.TokenizerWrapper reads from a tokenizer."""
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokens = vocabulary_bytes(tokenizer)
@@ -86,7 +84,8 @@ def grammar_tokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
     with _grammar_tokenizers_lock:
         built = _grammar_tokenizers.get(tokenizer.vocab_path)
         if built is None:
-            built = llguidance.LLTokenizer(_VocabularyView(tokenizer), n_vocab=VOCAB_SIZE, eos_token=END_OF_TEXT)
+            wrapper = llguidance.TokenizerWrapper(_VocabularyView(tokenizer))
+            built = llguidance.LLTokenizer(wrapper, n_vocab=VOCAB_SIZE, eos_token=END_OF_TEXT)
             _grammar_tokenizers[tokenizer.vocab_path] = built
         return built
 

@@ -38,9 +38,9 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from albatross import constraints  # noqa: E402
-from albatross.tokenizer import VOCAB_SIZE, get_tokenizer  # noqa: E402
-from bench.json_prefix_oracle import SchemaRegex  # noqa: E402
+from albatross import constraints
+from albatross.tokenizer import VOCAB_SIZE, get_tokenizer
+from bench.json_prefix_oracle import SchemaRegex
 
 WORDS = ["alpha", "Bob", "café", "東京", "naïve", "x", "emoji 🎉", 'quote " mark', "line\nbreak", "tab\tstop", "42"]
 

@@ -57,7 +57,7 @@ def choice_payload(kind: Kind, outcome: ChoiceOutcome, tools: bool = False) -> d
     logprobs = logprobs_payload(kind, outcome.logprobs)
     if kind == "chat":
         message: dict[str, Any] = {"role": "assistant", "content": outcome.text}
-        finish_reason = outcome.finish_reason
+        finish_reason: str | None = outcome.finish_reason
         if tools:
             reader = ToolCallReader()
             reader.feed(outcome.text)
