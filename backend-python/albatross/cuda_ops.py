@@ -141,7 +141,8 @@ def sample(
     penalties: sampler.PenaltyPool,
     update_penalties: bool = True,
 ) -> torch.Tensor:
-    """`albatross.sampler.sample`, on the CUDA kernel when it applies."""
-    if logits.is_cuda and cuda_sampler_available():
+    """`albatross.sampler.sample`, on the CUDA kernel when it applies. The kernel does not take
+    allowed-token masks or logit biases yet: a batch with either runs the torch twin instead."""
+    if logits.is_cuda and cuda_sampler_available() and batch.allowed is None and batch.bias is None:
         return sample_cuda(logits, slots, batch, penalties, update_penalties)
     return sampler.sample(logits, slots, batch, penalties, update_penalties)

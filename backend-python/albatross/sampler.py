@@ -2,8 +2,10 @@
 
 It computes exactly the definition in docs/architecture.md ("sampler", "Sampler randomness"):
 
-1. `l = logits - penalties[slot]`; temperature 0: argmax (lowest id on ties), done.
-2. `p = softmax(l / temperature)` in fp32.
+0. `l = logits - penalties[slot] + bias[row]` (a row's sparse logit bias, if any); a row with an
+   allowed-token mask sets `l = -inf` for every id outside it (the mask allows at least one id).
+1. Temperature 0: argmax of `l` (lowest id on ties), done.
+2. `p = softmax(l / temperature)` in fp32 (ids outside the mask get p = 0).
 3. top_k > 0 keeps `p >= ` the k-th largest p; top_p < 1 keeps `p >= t`, t being the p of the
    token where the descending cumulative sum first reaches top_p (the last token if rounding keeps
    the sum below top_p). Both thresholds are taken on the full distribution; a token must pass both.
@@ -13,7 +15,9 @@ It computes exactly the definition in docs/architecture.md ("sampler", "Sampler 
 5. Penalty update for the sampled id t: `P[slot] *= decay`, then `P[slot, t] += frequency`, plus
    `presence` if the slot had not produced t before.
 
-Every row of a call may have its own settings; nothing loops over rows in Python.
+Every row of a call may have its own settings; nothing loops over rows in Python. Rows without a
+mask or a bias cost nothing extra: a call whose batch has neither runs exactly the steps above
+without them.
 """
 
 from __future__ import annotations
@@ -77,6 +81,47 @@ class SamplingSettings(Protocol):
     def frequency_penalty(self) -> float: ...
     @property
     def penalty_decay(self) -> float: ...
+    @property
+    def logit_bias(self) -> Sequence[tuple[int, float]]: ...  # (token id, bias) pairs, ids distinct
+
+
+@dataclass(slots=True)
+class AllowedTokens:
+    """Allowed-token bitmasks of the constrained rows (grammar constraints). Row r of the batch may
+    produce only the ids whose bit is set in `words[index[r]]` (bit i of word j is id 32 * j + i;
+    ids past the last word are not allowed); `index[r] = -1` leaves row r unconstrained."""
+
+    index: torch.Tensor  # i64 [R]
+    words: torch.Tensor  # i32 [M, W]
+
+    def __post_init__(self) -> None:
+        if self.index.dim() != 1 or self.words.dim() != 2 or self.words.dtype != torch.int32:
+            raise ValueError(f"AllowedTokens wants index [R] and int32 words [M, W]; got {tuple(self.index.shape)} and {self.words.dtype} {tuple(self.words.shape)}")
+
+
+@dataclass(slots=True)
+class LogitBias:
+    """A sparse additive bias per row (OpenAI `logit_bias`), in CSR form: row r's entries are
+    `ids[offsets[r]:offsets[r + 1]]` with `values[...]`, its ids distinct."""
+
+    offsets: torch.Tensor  # i64 [R + 1]
+    ids: torch.Tensor  # i64 [N]
+    values: torch.Tensor  # f32 [N]
+
+    @classmethod
+    def from_rows(cls, rows: Sequence[Sequence[tuple[int, float]]], device: torch.device | str = "cpu") -> LogitBias | None:
+        """None when no row has a bias (the sampler then pays nothing for it)."""
+        if not any(rows):
+            return None
+        lengths = [len(row) for row in rows]
+        offsets = [0]
+        for length in lengths:
+            offsets.append(offsets[-1] + length)
+        return cls(
+            offsets=torch.tensor(offsets, dtype=torch.int64, device=device),
+            ids=torch.tensor([token_id for row in rows for token_id, _ in row], dtype=torch.int64, device=device),
+            values=torch.tensor([value for row in rows for _, value in row], dtype=torch.float32, device=device),
+        )
 
 
 @dataclass(slots=True)
@@ -91,12 +136,18 @@ class SamplingBatch:
     decay: torch.Tensor  # f32 [R]
     seed32: torch.Tensor  # i64 [R], values in [0, 2**32)
     step: torch.Tensor  # i64 [R], the row's generated-token number
+    allowed: AllowedTokens | None = None  # None: no row is constrained
+    bias: LogitBias | None = None  # None: no row has a logit bias
 
     def __post_init__(self) -> None:
         rows = self.temperature.shape
         for name in ("top_p", "top_k", "presence", "frequency", "decay", "seed32", "step"):
             if getattr(self, name).shape != rows:
                 raise ValueError(f"SamplingBatch.{name} has shape {tuple(getattr(self, name).shape)}, expected {tuple(rows)}")
+        if self.allowed is not None and self.allowed.index.shape != rows:
+            raise ValueError(f"SamplingBatch.allowed.index has shape {tuple(self.allowed.index.shape)}, expected {tuple(rows)}")
+        if self.bias is not None and self.bias.offsets.shape != (rows[0] + 1,):
+            raise ValueError(f"SamplingBatch.bias.offsets has shape {tuple(self.bias.offsets.shape)}, expected ({rows[0] + 1},)")
 
     @property
     def rows(self) -> int:
@@ -109,6 +160,7 @@ class SamplingBatch:
         seed32s: Sequence[int],
         steps: Sequence[int],
         device: torch.device | str = "cpu",
+        allowed: AllowedTokens | None = None,
     ) -> SamplingBatch:
         if not len(params) == len(seed32s) == len(steps):
             raise ValueError(f"{len(params)} params, {len(seed32s)} seeds and {len(steps)} steps: one each per row")
@@ -125,6 +177,8 @@ class SamplingBatch:
             decay=column([p.penalty_decay for p in params], torch.float32),
             seed32=column([s & MASK32 for s in seed32s], torch.int64),
             step=column(list(steps), torch.int64),
+            allowed=allowed,
+            bias=LogitBias.from_rows([p.logit_bias for p in params], device),
         )
 
 
@@ -164,6 +218,35 @@ def kept_mask(probs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> 
     return probs >= torch.maximum(k_threshold, p_threshold)
 
 
+def unpack_bitmask(words: torch.Tensor, vocab: int) -> torch.Tensor:
+    """int32 words [M, W] -> bool [M, vocab]: id t is word t // 32, bit t % 32 (ids past the words: False)."""
+    shifts = torch.arange(32, dtype=torch.int32, device=words.device)
+    bits = ((words[:, :, None] >> shifts) & 1).bool().reshape(words.shape[0], -1)
+    if bits.shape[1] >= vocab:
+        return bits[:, :vocab]
+    return torch.nn.functional.pad(bits, (0, vocab - bits.shape[1]), value=False)
+
+
+def apply_logit_bias(logits: torch.Tensor, bias: LogitBias) -> None:
+    """Step 0's `+ bias[row]`, in place."""
+    counts = bias.offsets[1:] - bias.offsets[:-1]
+    rows = torch.repeat_interleave(torch.arange(logits.shape[0], device=logits.device), counts)
+    logits.index_put_((rows, bias.ids), bias.values, accumulate=True)
+
+
+def apply_allowed(logits: torch.Tensor, allowed: AllowedTokens) -> None:
+    """Step 0's mask, in place: -inf outside each constrained row's allowed ids."""
+    constrained = torch.nonzero(allowed.index >= 0).flatten()
+    if constrained.numel() == 0:
+        return
+    bits = unpack_bitmask(allowed.words.index_select(0, allowed.index.index_select(0, constrained)), logits.shape[1])
+    empty = ~bits.any(dim=-1)
+    if bool(empty.any()):
+        raise ValueError(f"rows {constrained[empty].tolist()} have an allowed-token mask that allows no id")
+    rows = logits.index_select(0, constrained)
+    logits.index_copy_(0, constrained, rows.masked_fill(~bits, float("-inf")))
+
+
 def sample(
     logits: torch.Tensor,
     slots: torch.Tensor,
@@ -175,6 +258,10 @@ def sample(
     if logits.dim() != 2 or logits.shape[0] != batch.rows or slots.shape != (batch.rows,):
         raise ValueError(f"logits {tuple(logits.shape)}, slots {tuple(slots.shape)} and {batch.rows} batch rows disagree")
     adjusted = logits.float() - penalties.penalties[slots]
+    if batch.bias is not None:
+        apply_logit_bias(adjusted, batch.bias)
+    if batch.allowed is not None:
+        apply_allowed(adjusted, batch.allowed)
     greedy_ids = torch.argmax(adjusted, dim=-1)
 
     greedy = batch.temperature <= 0

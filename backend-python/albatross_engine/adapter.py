@@ -141,6 +141,11 @@ class AlbatrossRWKV(AbstractRWKV):
     # ---------------------------------------------------------------------------- generation
 
     def _task(self, request: GenerationRequest, channel: EventChannel) -> EngineTask:
+        # The engine's sampler does not take masks or biases yet: refuse rather than ignore them.
+        if request.constraint is not None:
+            raise BackendError(400, f"{request.constraint.label} is not supported by the albatross backend yet (the classic backend enforces it)")
+        if request.sampling.logit_bias:
+            raise BackendError(400, "logit_bias is not supported by the albatross backend yet (the classic backend applies it)")
         ref = request.state
         load_key = ref.load_key if ref else None
         save_key = ref.save_key if ref else None

@@ -6,6 +6,10 @@ Sampling, penalties and seeds follow albatross.sampler (one row), text and stop 
 albatross.detokenizer, when a request ends albatross.stopping, so a request means the same here as
 on the Albatross backend.
 
+A request's output constraint (`response_format`, `tools`) is applied for real: before each token
+the request's grammar matcher fills the allowed-token mask that the sampler applies, and the
+sampled token advances the matcher; a grammar that reaches its end finishes with "stop".
+
 Usage: `prompt_tokens` is the prompt's length; `completion_tokens` counts every token the model
 produced for the request, including a stop token (an id in `stop_token_ids`) and the token that
 completed a stop string. Logprobs (when asked) are of the model's own distribution, before
@@ -23,10 +27,12 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
+from albatross.constraints import MASK_WORDS, CompiledGrammar, ConstraintCompiler, ConstraintError, TokenMatcher
 from albatross.detokenizer import TextStream
-from albatross.sampler import PenaltyPool, SamplingBatch, sample, seed_to_seed32, top_logprobs
+from albatross.sampler import AllowedTokens, PenaltyPool, SamplingBatch, sample, seed_to_seed32, top_logprobs
 from albatross.stopping import accept_token
 from albatross.tokenizer import Tokenizer, get_tokenizer
 from runner.interface import (
@@ -88,6 +94,7 @@ class ClassicRWKV(AbstractRWKV):
         self.device = torch.device("cuda" if self.strategy.startswith("cuda") else "cpu")
         self.tokenizer = tokenizer or get_tokenizer()
         self._model: Any = _rwkv7_model_class()(str(base), self.strategy)
+        self._grammars = ConstraintCompiler(self.tokenizer)
         self._model_lock = threading.Lock()  # one generation at a time, even if a caller forgets the runner's lock
         self._aborts: set[threading.Event] = set()
         self._aborts_lock = threading.Lock()
@@ -101,12 +108,12 @@ class ClassicRWKV(AbstractRWKV):
         return self.tokenizer.decode(token_ids)
 
     def generate(self, request: GenerationRequest) -> Iterator[GenerationEvent]:
-        self._check(request)
-        return self._generate(request, threading.Event())
+        grammar = self._check(request)
+        return self._generate(request, threading.Event(), grammar)
 
     async def async_generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         """Runs the synchronous loop in a worker thread; closing this iterator aborts it."""
-        self._check(request)
+        grammar = self._check(request)
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[object] = asyncio.Queue()
         abort = threading.Event()
@@ -119,7 +126,7 @@ class ClassicRWKV(AbstractRWKV):
 
         def produce() -> None:
             try:
-                for event in self._generate(request, abort):
+                for event in self._generate(request, abort, grammar):
                     deliver(event)
             except BaseException as exc:  # delivered to the consumer, which re-raises it
                 deliver(exc)
@@ -159,28 +166,47 @@ class ClassicRWKV(AbstractRWKV):
 
     # ---- generation -----------------------------------------------------------------------------
 
-    def _check(self, request: GenerationRequest) -> None:
+    def _check(self, request: GenerationRequest) -> CompiledGrammar | None:
+        """Refusals before anything runs; the request's grammar, compiled (cached by its text)."""
         if request.state is not None:
             raise BackendError(400, "state sessions need the albatross backend")
         bad = [token_id for token_id in request.prompt_tokens if not 0 <= token_id < self.tokenizer_len]
         if bad:
             raise BackendError(400, f"prompt token ids must lie in [0, {self.tokenizer_len}); got {bad[:5]}")
+        bad = [token_id for token_id, _ in request.sampling.logit_bias if token_id >= self.tokenizer_len]
+        if bad:
+            raise BackendError(400, f"logit_bias token ids must lie in [0, {self.tokenizer_len}); got {bad[:5]}")
         if self._model is None:
             raise BackendError(503, "the model has been shut down")
+        if request.constraint is None:
+            return None
+        try:
+            return self._grammars.compile(request.constraint.grammar)
+        except ConstraintError as exc:
+            raise BackendError(400, f"{request.constraint.label}: {exc}") from exc
 
-    def _generate(self, request: GenerationRequest, abort: threading.Event) -> Iterator[GenerationEvent]:
+    def _generate(self, request: GenerationRequest, abort: threading.Event, grammar: CompiledGrammar | None = None) -> Iterator[GenerationEvent]:
         with self._aborts_lock:
             self._aborts.add(abort)
+        matcher = grammar.matcher() if grammar is not None else None
         try:
             with self._model_lock:
                 if self._model is None:
                     raise BackendError(503, "the model has been shut down")
-                yield from self._generate_locked(request, abort)
+                yield from self._generate_locked(request, matcher, abort)
         finally:
+            if matcher is not None:
+                matcher.free()
             with self._aborts_lock:
                 self._aborts.discard(abort)
 
-    def _generate_locked(self, request: GenerationRequest, abort: threading.Event) -> Iterator[GenerationEvent]:
+    def _allowed(self, matcher: TokenMatcher, mask: np.ndarray) -> AllowedTokens:
+        """The next token's allowed ids as the sampler's one-row mask (ConstraintError if none)."""
+        matcher.fill_bitmask(mask)
+        words = torch.from_numpy(mask).to(self.device).reshape(1, MASK_WORDS)
+        return AllowedTokens(index=torch.zeros(1, dtype=torch.int64, device=self.device), words=words)
+
+    def _generate_locked(self, request: GenerationRequest, matcher: TokenMatcher | None, abort: threading.Event) -> Iterator[GenerationEvent]:
         sampling = request.sampling
         prompt_tokens = len(request.prompt_tokens)
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(64)
@@ -189,6 +215,7 @@ class ClassicRWKV(AbstractRWKV):
         slot = torch.zeros(1, dtype=torch.int64, device=self.device)
         stream = TextStream(self.tokenizer, sampling.stop)
         stop_ids = frozenset(sampling.stop_token_ids)
+        mask = np.zeros(MASK_WORDS, dtype=np.int32)
 
         if sampling.max_tokens == 0:
             yield GenerationEvent(finish_reason="length", prompt_tokens=prompt_tokens)
@@ -207,9 +234,14 @@ class ClassicRWKV(AbstractRWKV):
             try:
                 row = logits.float().reshape(1, -1)
                 batch.step.fill_(step)
+                if matcher is not None:
+                    batch.allowed = self._allowed(matcher, mask)
                 token_id = int(sample(row, slot, batch, penalties)[0])
                 logprobs = None if sampling.logprobs is None else [self._logprob(row, token_id, sampling.logprobs)]
-                outcome = accept_token(stream, token_id, stop_ids, step + 1, sampling.max_tokens)
+                if matcher is not None and not matcher.advance(token_id):
+                    raise ConstraintError(f"the grammar refused the sampled token {token_id}: {matcher.error()}")
+                complete = matcher is not None and matcher.is_terminated()
+                outcome = accept_token(stream, token_id, stop_ids, step + 1, sampling.max_tokens, complete)
                 # Unlike the engine's events, the classic ones carry a stop token's id too.
                 yield self._event(outcome.text, token_id, outcome.finish_reason, prompt_tokens, step + 1, logprobs)
                 if outcome.finish_reason is not None:

@@ -15,6 +15,7 @@ from typing import Literal, Protocol
 FinishReason = Literal["stop", "length", "abort", "error"]
 
 END_OF_TEXT_TOKEN = 0  # RWKV World: id 0 ends a document; generation stops on it unless told otherwise
+LOGIT_BIAS_LIMIT = 100.0  # OpenAI's range for a logit_bias value: [-100, 100]
 # State keys a backend's prefix cache owns (`prefix:<sha256>`): never a session's.
 PREFIX_CACHE_KEY_PREFIX = "prefix:"
 
@@ -53,6 +54,7 @@ class SamplingParams:
     stop_token_ids: tuple[int, ...] = (END_OF_TEXT_TOKEN,)
     seed: int | None = None  # None: the backend draws one
     logprobs: int | None = None  # None: no logprobs; k >= 0: the chosen token's plus the top k
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, bias) pairs added to the logits before sampling
 
     def __post_init__(self) -> None:
         if self.max_tokens < 0:
@@ -67,6 +69,11 @@ class SamplingParams:
             raise ValueError("penalty_decay must be within [0, 1]")
         if any(s == "" for s in self.stop):
             raise ValueError("stop strings must not be empty")
+        ids = [token_id for token_id, _ in self.logit_bias]
+        if len(set(ids)) != len(ids) or any(token_id < 0 for token_id in ids):
+            raise ValueError("logit_bias ids must be distinct and >= 0")
+        if not all(math.isfinite(bias) and abs(bias) <= LOGIT_BIAS_LIMIT for _, bias in self.logit_bias):
+            raise ValueError(f"logit_bias values must lie within [-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}]")
 
 
 @dataclass(slots=True)
@@ -79,12 +86,24 @@ class StateRef:
     use_prefix_cache: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class OutputConstraint:
+    """A grammar the output must match (`response_format`, `tools`), as llguidance lark text that
+    `albatross.constraints` compiles against the backend's vocabulary. A backend that cannot
+    enforce it refuses the request (400); none ignores it. The end-of-text token is allowed only
+    where the grammar can end, and a grammar that reaches its end finishes the request ("stop")."""
+
+    grammar: str
+    label: str  # what the client asked for, for messages: "response_format json_schema", "tools", ...
+
+
 @dataclass(slots=True)
 class GenerationRequest:
     prompt_tokens: list[int]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     request_id: str = ""
     state: StateRef | None = None
+    constraint: OutputConstraint | None = None
 
     def __post_init__(self) -> None:
         if not self.prompt_tokens and (self.state is None or self.state.load_key is None):

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 from runner.errors import ApiError
 from runner.generation import ChoiceJob
-from runner.interface import END_OF_TEXT_TOKEN, AbstractRWKV, GenerationRequest, SamplingParams, StateRef
+from runner.interface import END_OF_TEXT_TOKEN, AbstractRWKV, GenerationRequest, OutputConstraint, SamplingParams, StateRef
 
 
 def check_max_tokens(max_tokens: int, cap: int) -> None:
@@ -50,7 +50,12 @@ async def encode_prompts(
 
 
 def build_jobs(
-    prompts: Sequence[list[int]], sampling: SamplingParams, request_id: str, state: StateRef | None = None, n: int = 1
+    prompts: Sequence[list[int]],
+    sampling: SamplingParams,
+    request_id: str,
+    state: StateRef | None = None,
+    n: int = 1,
+    constraint: OutputConstraint | None = None,
 ) -> list[ChoiceJob]:
     """Choice `p * n + j` is sample j of prompt p; sample j uses seed + j, so a seeded request
     returns the same choices whatever else runs. Each job gets its own copy of `state`."""
@@ -60,5 +65,5 @@ def build_jobs(
             seeded = sampling if sampling.seed is None or j == 0 else dataclasses.replace(sampling, seed=sampling.seed + j)
             index = p * n + j
             row_state = None if state is None else dataclasses.replace(state)
-            jobs.append(ChoiceJob(index, GenerationRequest(list(tokens), seeded, f"{request_id}-{index}", row_state)))
+            jobs.append(ChoiceJob(index, GenerationRequest(list(tokens), seeded, f"{request_id}-{index}", row_state, constraint)))
     return jobs

@@ -8,15 +8,19 @@ import logging
 import threading
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.requests import Request
 
 from runner.auth import JSON_BODY_STATE_KEY
 from runner.errors import ApiError, from_pydantic
+from runner.interface import LOGIT_BIAS_LIMIT
 
 log = logging.getLogger("runner.schemas")
 
 MAX_STOP_STRINGS = 32
+MAX_LOGIT_BIAS_ENTRIES = 1024  # bounds a request's share of the sampler's bias table
+VOCAB_SIZE = 65536  # RWKV World ids; a backend checks its own vocabulary again
+FUNCTION_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for function names
 BodyT = TypeVar("BodyT", bound=BaseModel)
 
 
@@ -41,6 +45,47 @@ class ChatMessage(BaseModel):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: str | list[ContentPart] | None = None
     name: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None  # an assistant turn's calls (OpenAI shape)
+    tool_call_id: str | None = None  # a tool turn's answer to that call
+
+
+class FunctionDefinition(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str = Field(pattern=FUNCTION_NAME_PATTERN)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ToolDefinition(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: str
+    function: FunctionDefinition | None = None
+
+
+class ChosenFunction(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    name: str
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["function"]
+    function: ChosenFunction
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="allow", populate_by_name=True)
+    name: str | None = None
+    description: str | None = None
+    json_schema: dict[str, Any] | bool | None = Field(None, alias="schema")
+    strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
 
 
 class _SamplingKnobs(_Body):
@@ -74,7 +119,25 @@ class SamplingFields(_SamplingKnobs):
     seed: int | None = None
     n: int = Field(1, ge=1)
     user: str | None = None
-    logit_bias: dict[str, float] | None = None
+    logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
+    response_format: ResponseFormat | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _check_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is None:
+            return None
+        if len(value) > MAX_LOGIT_BIAS_ENTRIES:
+            raise ValueError(f"at most {MAX_LOGIT_BIAS_ENTRIES} entries")
+        for key, bias in value.items():
+            if not key.isdigit() or not 0 <= int(key) < VOCAB_SIZE:
+                raise ValueError(f"{key!r} is not a token id in [0, {VOCAB_SIZE})")
+            if not -LOGIT_BIAS_LIMIT <= bias <= LOGIT_BIAS_LIMIT:
+                raise ValueError(f"the bias of token {key} is {bias}, outside [-{LOGIT_BIAS_LIMIT:g}, {LOGIT_BIAS_LIMIT:g}]")
+        return value
+
+    def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
+        return tuple(sorted((int(key), float(bias)) for key, bias in (self.logit_bias or {}).items()))
 
     def stop_problem(self) -> str | None:
         stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
@@ -86,8 +149,6 @@ class SamplingFields(_SamplingKnobs):
 
     def unsupported_field(self) -> str | None:
         """The first known OpenAI field that would change the result but is not supported."""
-        if self.logit_bias:
-            return "logit_bias"
         return None
 
 
@@ -96,26 +157,20 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: int | None = Field(None, ge=0)
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[Any] | None = None
-    tool_choice: Any = None
+    tools: list[ToolDefinition] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None
     function_call: Any = None
-    response_format: dict[str, Any] | None = None
     audio: Any = None
     modalities: list[str] | None = None
     prediction: Any = None
 
     def unsupported_field(self) -> str | None:
-        if self.tools:
-            return "tools"
-        if self.tool_choice not in (None, "none", "auto"):
-            return "tool_choice"
         if self.functions:
             return "functions"
         if self.function_call not in (None, "none", "auto"):
             return "function_call"
-        if self.response_format is not None and self.response_format.get("type", "text") != "text":
-            return "response_format"
         if self.audio is not None:
             return "audio"
         if self.modalities is not None and set(self.modalities) - {"text"}:

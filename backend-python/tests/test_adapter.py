@@ -14,7 +14,7 @@ import torch
 from albatross.model import RWKV7
 from albatross.random_checkpoint import CheckpointShape, random_state_dict
 from albatross_engine.adapter import AlbatrossRWKV, create_backend, parse_random_spec
-from runner.interface import AbstractRWKV, GenerationEvent, GenerationRequest, SamplingDefaults, SamplingParams
+from runner.interface import AbstractRWKV, BackendError, GenerationEvent, GenerationRequest, OutputConstraint, SamplingDefaults, SamplingParams
 from runner.settings import ServerSettings
 
 
@@ -45,6 +45,16 @@ def test_run_rnn_and_embeddings_are_refused_with_a_helpful_message(backend: Alba
         backend.run_rnn([1, 2])
     with pytest.raises(NotImplementedError, match="does not support embeddings"):
         backend.get_embedding("hi")
+
+
+def test_constraints_and_logit_bias_are_refused_until_the_engine_samples_with_them(backend: AlbatrossRWKV) -> None:
+    constrained = GenerationRequest([1, 2], SamplingParams(max_tokens=2), constraint=OutputConstraint('start: "x"', "response_format json_object"))
+    with pytest.raises(BackendError, match="response_format json_object is not supported by the albatross backend yet") as refused:
+        list(backend.generate(constrained))
+    assert refused.value.status_code == 400
+    with pytest.raises(BackendError, match="logit_bias is not supported by the albatross backend yet"):
+        list(backend.generate(GenerationRequest([1, 2], SamplingParams(max_tokens=2, logit_bias=((5, 1.0),)))))
+    assert len(list(backend.generate(GenerationRequest([1, 2], SamplingParams(max_tokens=2))))) >= 1, "the engine keeps serving"
 
 
 def test_status_shows_the_effective_config_and_live_metrics(backend: AlbatrossRWKV) -> None:

@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ALLOWED = {
     "albatross": {"albatross"},
     "albatross_engine": {"albatross", "albatross_engine", "runner.interface", "runner.backends"},
-    "runner": {"runner", "albatross.tokenizer", "albatross.detokenizer", "albatross.stopping", "albatross.sampler"},
+    "runner": {"runner", "albatross.tokenizer", "albatross.detokenizer", "albatross.stopping", "albatross.sampler", "albatross.constraints"},
 }
 OURS = ("albatross", "albatross_engine", "runner")
 

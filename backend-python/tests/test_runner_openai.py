@@ -160,11 +160,8 @@ def test_a_failed_generation_without_stream_is_a_500_json_error(client: TestClie
 @pytest.mark.parametrize(
     ("fields", "named"),
     [
-        ({"tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
-        ({"tool_choice": "required"}, "tool_choice"),
-        ({"response_format": {"type": "json_object"}}, "response_format"),
-        ({"logit_bias": {"50256": -100}}, "logit_bias"),
         ({"functions": [{"name": "f"}]}, "functions"),
+        ({"function_call": {"name": "f"}}, "function_call"),
     ],
 )
 def test_known_but_unsupported_fields_are_refused_with_the_field_named(client: TestClient, fields: dict, named: str) -> None:

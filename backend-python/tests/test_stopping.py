@@ -56,3 +56,9 @@ def test_max_tokens_ends_with_length_and_flushes_held_text(tokenizer: Tokenizer)
 def test_max_tokens_on_a_split_character_flushes_it_as_a_replacement(tokenizer: Tokenizer) -> None:
     first_byte = byte_ids("é")[0]
     assert run(tokenizer, [first_byte], max_tokens=1) == [TokenOutcome("\ufffd", "length", False)]
+
+
+def test_a_complete_grammar_ends_with_stop_and_flushes_held_text_before_max_tokens(tokenizer: Tokenizer) -> None:
+    stream = TextStream(tokenizer, ("}x",))
+    assert accept_token(stream, byte_ids("{")[0], (0,), 1, 2) == TokenOutcome("{", None, False)
+    assert accept_token(stream, byte_ids("}")[0], (0,), 2, 2, grammar_complete=True) == TokenOutcome("}", "stop", False), "stop, not length"

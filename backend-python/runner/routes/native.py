@@ -25,6 +25,7 @@ from runner.native_schemas import (
     TranslateRequest,
 )
 from runner.routes.openai import CompletionSpec, run_completion
+from runner.structured_output import chat_output, with_tools_prompt
 from runner.schemas import ChatCompletionRequest, read_json_object, validate_body
 from runner.sessions import session_store_of
 
@@ -193,7 +194,10 @@ async def openai_native_chat(request: Request) -> Response:
     enable_think = _extra(body, "enable_think", bool, False)
     use_prefix_cache = _extra(body, "use_prefix_cache", bool, True)
     contents = _extra(body, "contents", list, [])
-    prompt = lightning_chat_prompt(body, system, enable_think, contents[0] if contents and isinstance(contents[0], str) else None)
+    output = chat_output(body)
+    if enable_think and output.constraint is not None:
+        raise ApiError(400, f"enable_think cannot be combined with {output.constraint.label} (the constraint would hold the thinking too)", "enable_think")
+    prompt = lightning_chat_prompt(with_tools_prompt(body, output), system, enable_think, contents[0] if contents and isinstance(contents[0], str) else None)
     if body.stream_options is not None and not body.stream:
         raise ApiError(400, "stream_options is only allowed with stream: true", "stream_options")
     logprobs = (body.top_logprobs or 0) if body.logprobs else None
@@ -202,7 +206,7 @@ async def openai_native_chat(request: Request) -> Response:
     backend = context(request).manager.require_backend()
     # Only a backend with a state cache resumes from prefixes; the others refuse any StateRef.
     state = StateRef(use_prefix_cache=True) if use_prefix_cache and session_store_of(backend) is not None else None
-    return await run_completion(request, CompletionSpec("chat", body, [prompt], max_tokens, stops, OPENAI_NATIVE_DEFAULTS, logprobs, state))
+    return await run_completion(request, CompletionSpec("chat", body, [prompt], max_tokens, stops, OPENAI_NATIVE_DEFAULTS, logprobs, state, output))
 
 
 def _validate_without_messages(payload: dict[str, Any], route: str) -> ChatCompletionRequest:

@@ -25,6 +25,8 @@ from runner.openai_format import OpenAIStreamFormatter, choice_payload, usage_pa
 from runner.prompts import DEFAULT_CHAT_STOPS, chat_prompt, stop_list
 from runner.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields, read_json_object, validate_body
 from runner.sse import sse_response
+from runner.structured_output import UNCONSTRAINED, StructuredOutput, chat_output, completion_output, with_tools_prompt
+from runner.tools import render_tool_calls
 
 router = APIRouter()
 
@@ -42,6 +44,8 @@ def runner_chat_prompt(body: ChatCompletionRequest) -> str:
                     raise ApiError(400, f"content parts of type {part.type!r} are not supported (text only)", f"messages.{i}.content.{j}.type")
                 texts.append(part.text)
             content = "".join(texts)
+        if message.role == "assistant" and message.tool_calls:
+            content = "\n".join(part for part in (content, render_tool_calls(message.tool_calls)) if part)
         messages.append((message.role, content))
     return chat_prompt(messages)
 
@@ -72,7 +76,10 @@ def sampling_for(ctx: AppContext, backend: AbstractRWKV, spec: CompletionSpec) -
     knobs = {**dataclasses.asdict(defaults), **body.sampling_values()}
     del knobs["max_tokens"]  # chosen above: chat bodies also have max_completion_tokens
     try:
-        return SamplingParams(max_tokens=max_tokens, stop=spec.stops, stop_token_ids=stop_ids, seed=body.seed, logprobs=spec.logprobs, **knobs)
+        return SamplingParams(
+            max_tokens=max_tokens, stop=spec.stops, stop_token_ids=stop_ids, seed=body.seed, logprobs=spec.logprobs,
+            logit_bias=body.logit_bias_pairs(), **knobs,
+        )  # fmt: skip
     except ValueError as exc:
         raise ApiError(422, str(exc)) from exc
 
@@ -89,6 +96,7 @@ class CompletionSpec:
     overrides: Mapping[str, Any] = field(default_factory=dict)  # route defaults over /update-config and the backend's
     logprobs: int | None = None
     state: StateRef | None = None
+    output: StructuredOutput = UNCONSTRAINED  # response_format / tools
 
 
 async def run_completion(request: Request, spec: CompletionSpec) -> Response:
@@ -120,7 +128,8 @@ async def _run_completion(ctx: AppContext, request: Request, spec: CompletionSpe
     response_id = f"{prefix}-{uuid.uuid4().hex}"
     created = int(time.time())
     model = body.model or backend.name
-    jobs = build_jobs(encoded, sampling, response_id, spec.state, body.n)
+    jobs = build_jobs(encoded, sampling, response_id, spec.state, body.n, spec.output.constraint)
+    tools = spec.output.tools is not None
     driver = GenerationDriver(request, ctx.manager, backend, jobs, ctx.profile, ctx.metrics)
 
     if body.stream:
@@ -130,7 +139,7 @@ async def _run_completion(ctx: AppContext, request: Request, spec: CompletionSpe
             await driver.aclose()
             raise
         include_usage = bool(body.stream_options and body.stream_options.include_usage)
-        formatter = OpenAIStreamFormatter(kind, response_id, created, model, [job.index for job in jobs], body.n, include_usage)
+        formatter = OpenAIStreamFormatter(kind, response_id, created, model, [job.index for job in jobs], body.n, include_usage, tools)
         return sse_response(stream_events(driver, formatter))
 
     outcomes = await collect(driver, jobs)  # a client that left: ClientGone, a 499
@@ -140,7 +149,7 @@ async def _run_completion(ctx: AppContext, request: Request, spec: CompletionSpe
             "object": "chat.completion" if kind == "chat" else "text_completion",
             "created": created,
             "model": model,
-            "choices": [choice_payload(kind, outcome) for outcome in outcomes],
+            "choices": [choice_payload(kind, outcome, tools) for outcome in outcomes],
             "usage": usage_payload(outcomes, body.n),
         }
     )
@@ -160,9 +169,10 @@ def make_chat_endpoint(config: ChatRouteConfig) -> Callable[[Request], Awaitable
         logprobs = (body.top_logprobs or 0) if body.logprobs else None
         max_tokens = body.max_completion_tokens if body.max_completion_tokens is not None else body.max_tokens
         stops = stop_list(body.stop, config.default_stops)
-        prompt = config.build_prompt(body)
+        output = chat_output(body)
+        prompt = config.build_prompt(with_tools_prompt(body, output))
         state = config.state_for(body, context(request).manager.require_backend())
-        spec = CompletionSpec("chat", body, [prompt], max_tokens, stops, config.sampling_overrides, logprobs, state)
+        spec = CompletionSpec("chat", body, [prompt], max_tokens, stops, config.sampling_overrides, logprobs, state, output)
         return await run_completion(request, spec)
 
     return chat_completions
@@ -175,7 +185,8 @@ async def completions(request: Request) -> Response:
         raise ApiError(422, "prompt: the list must hold at least one prompt", "prompt")
     if body.stream_options is not None and not body.stream:
         raise ApiError(400, "stream_options is only allowed with stream: true", "stream_options")
-    return await run_completion(request, CompletionSpec("text", body, prompts, body.max_tokens, stop_list(body.stop), logprobs=body.logprobs))
+    spec = CompletionSpec("text", body, prompts, body.max_tokens, stop_list(body.stop), logprobs=body.logprobs, output=completion_output(body))
+    return await run_completion(request, spec)
 
 
 RUNNER_CHAT = ChatRouteConfig()

@@ -1,0 +1,289 @@
+"""Grammar constraints on sampling: which token ids a request may produce next.
+
+Built on llguidance (docs/performance.md says why it and not xgrammar). Host-side and torch-free:
+a mask is 2,048 int32 words per row, bit `i` of word `j` standing for token `32 * j + i`, written
+into memory the caller owns (a worker hands a view of its page-locked buffer, which it copies to
+the device with the step; the classic backend a small array).
+
+- A grammar is llguidance lark text (`json_schema_grammar`, or the tool-call grammar the runner
+  builds from `json_value_rule`). Its text is its cache key: `ConstraintCompiler.compile` returns
+  the same `CompiledGrammar` for the same text without compiling again.
+- `CompiledGrammar.matcher()` gives each request its own `TokenMatcher`; per generated token the
+  caller fills the mask (`fill_bitmask`, or `fill_bitmasks` for many matchers in parallel with the
+  GIL released), samples inside it, then `advance`s the matcher with the sampled id.
+- The end-of-text token (id 0) is allowed exactly where the grammar can end; ids without text
+  (65530..65535) are never allowed. `is_terminated()` is true once nothing but the end can follow,
+  so the caller stops the request there with `finish_reason: "stop"`.
+- An unsupported JSON Schema keyword is a `ConstraintError` naming it; nothing is relaxed.
+
+JSON is written in one fixed form: `{"a": 1, "b": [true, null]}` (`", "` and `": "`, no other
+whitespace), optionally after one leading space (a chat answer starts after `"Assistant:"`).
+Fixed whitespace keeps the output of a grammar whose strings and numbers are bounded bounded too,
+and a model cannot spin in whitespace.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import llguidance
+import numpy as np
+
+from albatross.tokenizer import VOCAB_SIZE, Tokenizer
+
+END_OF_TEXT = 0  # the RWKV World end-of-text id, allowed where the grammar can end
+MASK_WORDS = VOCAB_SIZE // 32  # int32 words per mask row
+JSON_FORMAT: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+_END_OF_TEXT_TEXT = b"<|endoftext|>"  # id 0 has no text; llguidance wants a special token for it
+_COMPILED_CACHE_SIZE = 256
+
+
+class ConstraintError(ValueError):
+    """A grammar or schema that cannot be enforced; the message says what and where."""
+
+
+# ---------------------------------------------------------------------------- the vocabulary
+
+
+class _VocabularyView:
+    """What llguidance.TokenizerWrapper reads from a tokenizer."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokens = vocabulary_bytes(tokenizer)
+        self.eos_token_id = END_OF_TEXT
+        self.bos_token_id = None
+        self.special_token_ids = [END_OF_TEXT]
+        self._tokenizer = tokenizer
+
+    def __call__(self, text: str) -> list[int]:
+        # llguidance tokenizes text the grammar forces, to allow only the canonical tokens there.
+        return self._tokenizer.encode(text)
+
+
+def vocabulary_bytes(tokenizer: Tokenizer) -> list[bytes]:
+    """Every id's bytes, `VOCAB_SIZE` rows: ids without text (0, 65530..65535) are empty, except
+    that id 0 gets a placeholder name (llguidance marks it special, so it never matches text)."""
+    rows = [tokenizer.token_bytes(token_id) for token_id in range(VOCAB_SIZE)]
+    rows[END_OF_TEXT] = _END_OF_TEXT_TEXT
+    return rows
+
+
+_grammar_tokenizers: dict[Path, llguidance.LLTokenizer] = {}
+_grammar_tokenizers_lock = threading.Lock()
+
+
+def grammar_tokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
+    """llguidance's view of the vocabulary (its token trie): ~0.2 s to build, once per
+    vocabulary file and process."""
+    with _grammar_tokenizers_lock:
+        built = _grammar_tokenizers.get(tokenizer.vocab_path)
+        if built is None:
+            wrapper = llguidance.TokenizerWrapper(_VocabularyView(tokenizer))
+            built = llguidance.LLTokenizer(wrapper, n_vocab=VOCAB_SIZE, eos_token=END_OF_TEXT)
+            _grammar_tokenizers[tokenizer.vocab_path] = built
+        return built
+
+
+# ---------------------------------------------------------------------------- grammars
+
+
+@lru_cache(maxsize=1024)
+def _schema_problem(schema_text: str) -> str | None:
+    """What keeps the schema (canonical JSON text: the cache key) from being enforced, or None.
+    Cached: a route checks every request's schema, and the check costs milliseconds."""
+    grammar = llguidance.LLMatcher.grammar_from_json_schema(schema_text, overrides=JSON_FORMAT)  # type: ignore[arg-type]
+    # llguidance reports relaxations as warnings only in its lenient mode, which we never set;
+    # a warning is still refused, so that nothing is relaxed silently.
+    is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
+    if not is_error and not messages:
+        return None
+    message = messages[0] if messages else "invalid schema"
+    prefix = "Unimplemented keys: "
+    if message.startswith(prefix):
+        try:
+            names = json.loads(message[len(prefix) :])
+        except ValueError:
+            names = [message[len(prefix) :]]
+        return f"unsupported JSON Schema keyword{'s' if len(names) > 1 else ''} {', '.join(map(str, names))}"
+    return message
+
+
+def check_json_schema(schema: Any) -> dict[str, Any]:
+    """The schema as a dict, or ConstraintError naming what cannot be enforced."""
+    if schema is True:
+        schema = {}
+    if schema is False:
+        raise ConstraintError("the schema false allows no value")
+    if not isinstance(schema, Mapping):
+        raise ConstraintError("a JSON schema must be an object")
+    if "x-guidance" in schema:
+        raise ConstraintError("unsupported JSON Schema keyword x-guidance")
+    problem = _schema_problem(json.dumps(schema, ensure_ascii=False, separators=(",", ":")))
+    if problem is not None:
+        raise ConstraintError(problem)
+    return dict(schema)
+
+
+def json_value_rule(schema: Mapping[str, Any]) -> str:
+    """The lark right-hand side for one JSON value matching `schema`, in the fixed JSON form
+    (check the schema with `check_json_schema` first for a clean error message)."""
+    return "%json " + json.dumps({**schema, "x-guidance": JSON_FORMAT}, ensure_ascii=False, separators=(",", ":"))
+
+
+def json_schema_grammar(schema: Any) -> str:
+    """One JSON value matching `schema`, optionally after one space; ConstraintError if the schema
+    cannot be enforced."""
+    checked = check_json_schema(schema)
+    return f'start: " "? answer\nanswer: {json_value_rule(checked)}\n'
+
+
+JSON_OBJECT_SCHEMA: dict[str, Any] = {"type": "object"}
+
+
+# ---------------------------------------------------------------------------- matching
+
+
+class TokenMatcher:
+    """One request's position in its grammar. Not thread-safe: one owner at a time (the request's
+    worker thread), which calls fill_bitmask / advance alternately."""
+
+    __slots__ = ("_matcher", "grammar_text")
+
+    def __init__(self, matcher: llguidance.LLMatcher, grammar_text: str) -> None:
+        self._matcher: llguidance.LLMatcher | None = matcher
+        self.grammar_text = grammar_text
+
+    @property
+    def _live(self) -> llguidance.LLMatcher:
+        if self._matcher is None:
+            raise RuntimeError("this TokenMatcher was freed")
+        return self._matcher
+
+    def fill_bitmask(self, out_row: np.ndarray) -> None:
+        """Write the allowed ids of the next token into `out_row` (int32, MASK_WORDS, contiguous).
+        Raises ConstraintError when the matcher failed (its row would allow nothing)."""
+        _check_row(out_row)
+        matcher = self._live
+        matcher.unsafe_compute_mask_ptr(out_row.ctypes.data, out_row.nbytes)
+        if matcher.is_error():
+            raise ConstraintError(f"the grammar matcher failed: {matcher.get_error()}")
+
+    def advance(self, token_id: int) -> bool:
+        """Consume a sampled id; False when the grammar did not allow it (the matcher has failed)."""
+        return bool(self._live.consume_token(token_id))
+
+    def can_end(self) -> bool:
+        """The output so far is complete: the end-of-text token is allowed now."""
+        return bool(self._live.is_accepting())
+
+    def is_terminated(self) -> bool:
+        """Nothing but the end can follow (the request is done), or the matcher failed."""
+        return bool(self._live.is_stopped())
+
+    def error(self) -> str | None:
+        matcher = self._live
+        return matcher.get_error() if matcher.is_error() else None
+
+    def reset(self) -> None:
+        """Back to the grammar's start (a fresh output)."""
+        self._live.reset()
+
+    def free(self) -> None:
+        """Drop the matcher's state; the object is unusable afterwards. Idempotent."""
+        self._matcher = None
+
+
+def _check_row(row: np.ndarray) -> None:
+    if row.dtype != np.int32 or row.shape != (MASK_WORDS,) or not row.flags["C_CONTIGUOUS"] or not row.flags["WRITEABLE"]:
+        raise ValueError(f"a mask row must be a writable contiguous int32 array of {MASK_WORDS} words; got {row.dtype} {row.shape}")
+
+
+class CompiledGrammar:
+    """A grammar compiled against one vocabulary; `matcher()` is cheap (a copy of a pristine one)."""
+
+    def __init__(self, text: str, template: llguidance.LLMatcher) -> None:
+        self.text = text
+        self._template = template
+        self._lock = threading.Lock()
+
+    def matcher(self) -> TokenMatcher:
+        with self._lock:
+            return TokenMatcher(self._template.deep_copy(), self.text)
+
+
+class ConstraintCompiler:
+    """Compiles lark grammars for one tokenizer's vocabulary, keeping the most recently used
+    `cache_size` compiled grammars by their text. Thread-safe."""
+
+    def __init__(self, tokenizer: Tokenizer, cache_size: int = _COMPILED_CACHE_SIZE) -> None:
+        self._tokenizer = grammar_tokenizer(tokenizer)
+        self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()
+
+    def compile(self, grammar_text: str) -> CompiledGrammar:
+        with self._lock:
+            cached = self._cache.get(grammar_text)
+            if cached is not None:
+                self._cache.move_to_end(grammar_text)
+                return cached
+        compiled = self._compile(grammar_text)  # outside the lock: llguidance drops the GIL here
+        with self._lock:
+            self._cache[grammar_text] = compiled
+            self._cache.move_to_end(grammar_text)
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return compiled
+
+    def _compile(self, grammar_text: str) -> CompiledGrammar:
+        grammar = llguidance.LLMatcher.grammar_from_lark(grammar_text)
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._tokenizer)
+        if is_error or messages:
+            raise ConstraintError(f"the grammar cannot be enforced: {messages[0] if messages else 'invalid grammar'}")
+        template = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
+        if template.is_error():
+            raise ConstraintError(f"the grammar cannot be enforced: {template.get_error()}")
+        return CompiledGrammar(grammar_text, template)
+
+    def cached(self) -> int:
+        with self._lock:
+            return len(self._cache)
+
+
+_executor: llguidance.LLExecutor | None = None
+_executor_lock = threading.Lock()
+
+
+def _shared_executor() -> llguidance.LLExecutor:
+    global _executor
+    with _executor_lock:
+        if _executor is None:
+            _executor = llguidance.LLExecutor()
+        return _executor
+
+
+def fill_bitmasks(rows: Sequence[tuple[TokenMatcher, int]], out: np.ndarray) -> list[int]:
+    """Fill `out[row]` for every (matcher, row) pair at once, on llguidance's thread pool with the
+    GIL released (a worker calls this for all its constrained slots while the GPU runs the
+    forward). `out` is int32 [rows, MASK_WORDS], contiguous. Returns the positions in `rows` whose
+    matcher has failed: their rows allow nothing, and their requests must end with an error."""
+    if out.dtype != np.int32 or out.ndim != 2 or out.shape[1] != MASK_WORDS or not out.flags["C_CONTIGUOUS"]:
+        raise ValueError(f"masks must be a contiguous int32 array [rows, {MASK_WORDS}]; got {out.dtype} {out.shape}")
+    if any(not 0 <= row < out.shape[0] for _, row in rows):
+        raise ValueError(f"a mask row lies outside the {out.shape[0]} rows of the buffer")
+    if not rows:
+        return []
+    pairs = [(matcher._live, row) for matcher, row in rows]
+    _shared_executor().unsafe_compute_mask_ptr(pairs, out.ctypes.data, MASK_WORDS * 4, out.shape[0])
+    return [n for n, (matcher, _) in enumerate(pairs) if matcher.is_error()]
+
+
+def allowed_ids(row: np.ndarray) -> np.ndarray:
+    """The ids a mask row allows, ascending (for tests and tools, not for the hot path)."""
+    return np.flatnonzero(np.unpackbits(row.view(np.uint8), bitorder="little"))
