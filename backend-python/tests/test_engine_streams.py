@@ -155,10 +155,12 @@ async def _collect(backend: AlbatrossRWKV, request: GenerationRequest) -> list[G
 def test_logprobs_report_the_chosen_token_and_the_top_k(engine: AlbatrossRWKV) -> None:
     params = SamplingParams(max_tokens=3, temperature=0.0, frequency_penalty=0.0, stop_token_ids=(), logprobs=2)
     events = asyncio.run(_collect(engine, GenerationRequest([14, 15], params)))
-    for event in events:
-        assert event.logprobs is not None and len(event.logprobs) == 1
-        entry = event.logprobs[0]
-        assert entry.token_id == event.token_ids[0] and entry.text == engine.decode([entry.token_id])
+    # One entry per token, however the engine merged tokens into events.
+    token_ids = [t for event in events for t in event.token_ids]
+    entries = [entry for event in events for entry in event.logprobs or []]
+    assert len(token_ids) == len(entries) == 3, f"{len(token_ids)} tokens, {len(entries)} logprob entries"
+    for entry, token_id in zip(entries, token_ids):
+        assert entry.token_id == token_id and entry.text == engine.decode([entry.token_id])
         assert len(entry.top) == 2 and entry.top[0][2] >= entry.top[1][2], f"top-2 in descending order: {entry.top}"
         assert entry.top[0][0] == entry.token_id and entry.logprob == pytest.approx(entry.top[0][2]), (
             "greedy without penalties picks the most likely token"
