@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+
 from albatross import kernel_build, kernel_loader, ops
 from albatross.kernel_loader import KernelContext, KernelEntry, select_entry
 
@@ -379,3 +380,25 @@ def test_this_gpu_takes_the_committed_binaries_without_compiling(tmp_path: Path)
     assert not (tmp_path / "cache").exists(), "nothing may be compiled"
     if device == "sm90":
         assert choice.arch == "sm90"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_committed_libraries_loaded_before_the_declarations_serve_the_ops() -> None:
+    """The other order: the libraries first (plain torch.ops.load_library), then albatross.ops."""
+    script = """
+import json, sys, torch
+from pathlib import Path
+root = Path(sys.argv[1])
+for item in json.loads((root / "manifest.json").read_text())["kernels"]:
+    torch.ops.load_library(str(root / item["path"]))
+from albatross import ops
+x = torch.randn(64, 256, device="cuda")
+assert torch.equal(ops.relu_square(x), ops.relu_square_torch(x)), "relu_square through the CUDA kernel"
+print(sorted(ops.registered_cuda_ops()))
+"""
+    root = kernel_loader.DEFAULT_MANIFEST.parent
+    cwd = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, "-c", script, str(root)], capture_output=True, text=True, cwd=cwd)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip() == str(sorted(ops.declared_ops())), done.stdout

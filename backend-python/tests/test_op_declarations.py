@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+
 from albatross import kernel_build, ops, sampler
 
 N = ops.HEAD_SIZE
