@@ -87,10 +87,8 @@ class DecodeGraphRunner:
         slots_i32 = slots.to(torch.int32)
         rows = torch.arange(size, dtype=torch.int64, device=device)
         batch = FlatBatch(
-            slot_idx=slots,
-            slot_idx_i32=slots_i32,
+            slot_idx=slots_i32,
             cu_seqlens=torch.arange(size + 1, dtype=torch.int32, device=device),
-            first_rows=rows,
             last_rows=rows,
             lengths=(1,) * size,
             single_token=True,

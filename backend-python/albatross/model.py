@@ -258,7 +258,7 @@ class RWKV7:
         batch: ops.FlatBatch,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # Few, large ops: at batch 1 the step is bound by the host's per-op cost.
-        mixes = ops.shift_mix(x, shift_state, batch, layer.att_mix)
+        mixes = ops.shift_mix(x, shift_state, batch.slot_idx, batch.cu_seqlens, layer.att_mix)
         r, k, v = torch.bmm(mixes[:3], layer.rkv).unbind(0)
         _, _, xv, xw, xa, xg = mixes.unbind(0)
         w_lora = torch.mm(torch.tanh(torch.mm(xw, layer.w1)), layer.w2)
@@ -271,14 +271,14 @@ class RWKV7:
             assert layer.v0 is not None and layer.v1 is not None and layer.v2 is not None
             v_lora = torch.mm(torch.mm(xv, layer.v1), layer.v2)
             w, a, b = ops.wkv_prep(k, v, w_lora, a_lora, v_lora, v_first, layer.w0, layer.a0, layer.v0, layer.k_k, layer.k_a)
-        y = ops.wkv7(wkv_state, batch.slot_idx_i32, batch.cu_seqlens, r, w, k, v, a, b, batch.single_token)
+        y = ops.wkv7(wkv_state, batch.slot_idx, batch.cu_seqlens, r, w, k, v, a, b, batch.single_token)
         y = ops.gn_bonus_gate(y, r, k, v, g, layer.r_k, layer.ln_x_weight, layer.ln_x_bias)
         return torch.mm(y, layer.output), v_first
 
     def _channel_mix(
         self, layer: LayerWeights, x: torch.Tensor, shift_state: torch.Tensor, batch: ops.FlatBatch
     ) -> torch.Tensor:
-        xk = ops.shift_mix(x, shift_state, batch, layer.ffn_mix)
+        xk = ops.shift_mix(x, shift_state, batch.slot_idx, batch.cu_seqlens, layer.ffn_mix)
         return torch.mm(ops.relu_square(torch.mm(xk, layer.ffn_key)), layer.ffn_value)
 
 

@@ -1,28 +1,36 @@
-"""The per-layer operations of the RWKV-7 forward that are worth a fused device kernel, each with
-its pure-torch twin (the CPU path and the test oracle).
+"""Every device op of the RWKV-7 forward and the sampler, declared once: its schema, and its
+pure-torch twin as the implementation for every device that has no kernel of its own (the CPU
+path and the test oracle).
 
-Dispatch: `register_cuda_ops(name=fn, ...)` installs CUDA implementations (the kernel loader calls
-it once kernels are built); a public op uses the installed one when its inputs live on a CUDA
-device and the torch twin otherwise. The twins stay importable as `<name>_torch`.
+Declared with `torch.library` in the namespace `albatross`: the twin is the op's
+CompositeExplicitAutograd kernel, and a kernel library (albatross/cuda/*.cu, loaded by
+albatross.kernel_loader) adds a CUDA kernel for the same schema with
+`STABLE_TORCH_LIBRARY_IMPL(albatross, CUDA, m)`, in either order. Torch's dispatcher then runs the
+CUDA kernel for CUDA tensors and the twin for anything else: no Python in between, no host syncs,
+capturable in CUDA graphs. Adding an op is one `_declare(schema, twin)` here and one kernel there.
+The module-level ops (`ops.wkv7`, ...) are the dispatcher's ops themselves; the twins stay
+importable as `<name>_torch`.
 
 Flat-batch conventions shared by every op: the tokens of all slots of one forward call are rows
 of `[total_T, C]` tensors; slot s owns rows `cu_seqlens[s]:cu_seqlens[s+1]` and its recurrent
-state lives at index `slot_idx[s]` of a `[B, ...]` pool tensor.
+state lives at index `slot_idx[s]` of a `[B, ...]` pool tensor (both int32 on the ops' device).
 """
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from albatross import sampler
+
 GROUP_NORM_EPS = 64e-5
 HEAD_SIZE = 64
 LAYER_NORM_EPS = 1e-5  # F.layer_norm's default, as the reference model uses
+NAMESPACE = "albatross"
 
 
 def host_to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -41,14 +49,12 @@ def host_to_device(host: torch.Tensor, device: torch.device) -> torch.Tensor:
 class FlatBatch:
     """Row bookkeeping of one forward call, built once and shared by every layer.
 
-    `first_rows`/`last_rows` are the flat row of each slot's first/last token, `slot_idx` the pool
-    index of each slot (int64 for indexing; `slot_idx_i32`/`cu_seqlens` are the int32 forms the
-    kernels take), `lengths` the host-side token counts."""
+    `slot_idx` (int32) is the pool index of each slot, `cu_seqlens` (int32) its row bounds,
+    `last_rows` (int64, for indexing) the flat row of each slot's last token, `lengths` the
+    host-side token counts."""
 
     slot_idx: torch.Tensor
-    slot_idx_i32: torch.Tensor
     cu_seqlens: torch.Tensor
-    first_rows: torch.Tensor
     last_rows: torch.Tensor
     lengths: tuple[int, ...]
     single_token: bool = False  # every slot has exactly one row (a decode step): the WKV op's fast path
@@ -58,22 +64,46 @@ class FlatBatch:
         starts = [0]
         for n in lengths:
             starts.append(starts[-1] + n)
-        host = torch.tensor([slots, starts[:-1], [s - 1 for s in starts[1:]]], dtype=torch.int64)
-        host = host_to_device(host, device)
-        cu = host_to_device(torch.tensor(starts, dtype=torch.int32), device)
+        host = torch.tensor([*slots, *starts], dtype=torch.int32)
+        ints = host_to_device(host, device)
+        last = host_to_device(torch.tensor([s - 1 for s in starts[1:]], dtype=torch.int64), device)
         return cls(
-            slot_idx=host[0],
-            slot_idx_i32=host[0].to(torch.int32),
-            cu_seqlens=cu,
-            first_rows=host[1],
-            last_rows=host[2],
+            slot_idx=ints[: len(slots)],
+            cu_seqlens=ints[len(slots) :],
+            last_rows=last,
             lengths=tuple(lengths),
             single_token=all(n == 1 for n in lengths),
         )
 
 
 # ----------------------------------------------------------------------------------------------
-# torch twins
+# declaration
+
+_LIBRARY = torch.library.Library(NAMESPACE, "FRAGMENT")
+_TWINS: dict[str, Callable[..., Any]] = {}
+
+
+def _declare(schema: str, twin: Callable[..., Any]) -> torch._ops.OpOverloadPacket:
+    """Define `albatross::<name>` by its schema, with `twin` as the kernel of every device that
+    has none of its own; returns the op."""
+    name = schema.split("(", 1)[0]
+    _LIBRARY.define(schema)
+    _LIBRARY.impl(name, twin, "CompositeExplicitAutograd")
+    _TWINS[name] = twin
+    return getattr(getattr(torch.ops, NAMESPACE), name)
+
+
+def declared_ops() -> tuple[str, ...]:
+    return tuple(sorted(_TWINS))
+
+
+def registered_cuda_ops() -> tuple[str, ...]:
+    """The declared ops for which a loaded kernel library registered a CUDA kernel."""
+    return tuple(name for name in declared_ops() if torch._C._dispatch_has_kernel_for_dispatch_key(f"{NAMESPACE}::{name}", "CUDA"))
+
+
+# ----------------------------------------------------------------------------------------------
+# the ops and their twins
 
 
 def wkv7_torch(
@@ -128,58 +158,51 @@ def wkv7_torch(
     return y.view(total, H * N).to(r.dtype)
 
 
-def token_shift_torch(x: torch.Tensor, shift_state: torch.Tensor, batch: FlatBatch) -> torch.Tensor:
-    """`prev - x`, where prev is each row's preceding token of the same slot (the slot's saved
-    shift vector for its first row); then saves each slot's last row as its new shift vector."""
-    prev = torch.empty_like(x)
-    prev[1:] = x[:-1]
-    prev.index_copy_(0, batch.first_rows, shift_state.index_select(0, batch.slot_idx))
-    shift_state.index_copy_(0, batch.slot_idx, x.index_select(0, batch.last_rows))
-    return prev - x
+wkv7 = _declare(
+    "wkv7(Tensor(a!) state, Tensor slot_idx, Tensor cu_seqlens, Tensor r, Tensor w, Tensor k, Tensor v, Tensor a, "
+    "Tensor b, bool single_token=False) -> Tensor",
+    wkv7_torch,
+)
 
 
-def mix_inputs_torch(x: torch.Tensor, delta: torch.Tensor, coefficients: torch.Tensor) -> torch.Tensor:
-    """Token-shift interpolation `x + delta * c` for K coefficient vectors at once:
-    `coefficients [K, C]` gives `[K, T, C]`."""
-    return x.unsqueeze(0) + delta.unsqueeze(0) * coefficients.unsqueeze(1)
-
-
-def group_norm_bonus_torch(
-    y: torch.Tensor,
-    r: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    r_k: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor,
-    n_head: int,
+def add_layer_norm_torch(
+    x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor, eps: float = LAYER_NORM_EPS
 ) -> torch.Tensor:
-    """Per-head group norm of the WKV output plus the current-token bonus
-    `sum_j(r * k * r_k)_head * v_head`."""
-    T, C = y.shape
-    normed = F.group_norm(y, num_groups=n_head, weight=weight, bias=bias, eps=GROUP_NORM_EPS)
-    bonus = (r * k * r_k).view(T, n_head, -1).sum(dim=-1, keepdim=True) * v.view(T, n_head, -1)
-    return normed + bonus.view(T, C)
-
-
-def relu_square_torch(x: torch.Tensor) -> torch.Tensor:
-    return torch.relu(x).square()
-
-
-def add_layer_norm_torch(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """The residual step of a block: `x += delta` in place (when given), then `layer_norm(x)`."""
     if delta is not None:
         x.add_(delta)
-    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps=LAYER_NORM_EPS)
+    return F.layer_norm(x, (x.shape[-1],), weight, bias, eps=eps)
 
 
-def shift_mix_torch(x: torch.Tensor, shift_state: torch.Tensor, batch: FlatBatch, coefficients: torch.Tensor) -> torch.Tensor:
-    """`token_shift` then `mix_inputs`: `[K, T, C]` mixes for coefficients `[K, C]`, one `[T, C]`
-    mix for a coefficient vector `[C]`; the slots' shift vectors are updated."""
-    delta = token_shift_torch(x, shift_state, batch)
+add_layer_norm = _declare(
+    f"add_layer_norm(Tensor(a!) x, Tensor? delta, Tensor weight, Tensor bias, float eps={LAYER_NORM_EPS}) -> Tensor",
+    add_layer_norm_torch,
+)
+
+
+def shift_mix_torch(
+    x: torch.Tensor, shift_state: torch.Tensor, slot_idx: torch.Tensor, cu_seqlens: torch.Tensor, coefficients: torch.Tensor
+) -> torch.Tensor:
+    """Token shift and lerp mixes: with `prev` each row's preceding token of the same slot (the
+    slot's saved shift vector for its first row), `x + (prev - x) * c` for each coefficient vector:
+    `[K, T, C]` for coefficients `[K, C]`, `[T, C]` for a vector `[C]`. Then saves each slot's
+    last row as its new shift vector."""
+    starts = cu_seqlens.to(torch.int64)
+    slots = slot_idx.to(torch.int64)
+    prev = torch.empty_like(x)
+    prev[1:] = x[:-1]
+    prev.index_copy_(0, starts[:-1], shift_state.index_select(0, slots))
+    shift_state.index_copy_(0, slots, x.index_select(0, starts[1:] - 1))
+    delta = prev - x
     if coefficients.dim() == 1:
         return x + delta * coefficients
-    return mix_inputs_torch(x, delta, coefficients)
+    return x.unsqueeze(0) + delta.unsqueeze(0) * coefficients.unsqueeze(1)
+
+
+shift_mix = _declare(
+    "shift_mix(Tensor x, Tensor(a!) shift_state, Tensor slot_idx, Tensor cu_seqlens, Tensor coefficients) -> Tensor",
+    shift_mix_torch,
+)
 
 
 def wkv_prep_torch(
@@ -213,6 +236,13 @@ def wkv_prep_torch(
     return w, -kk, kk * a
 
 
+wkv_prep = _declare(
+    "wkv_prep(Tensor(a!) k, Tensor(b!) v, Tensor w_lora, Tensor a_lora, Tensor? v_lora, Tensor? v_first, "
+    "Tensor w0, Tensor a0, Tensor? v0, Tensor k_k, Tensor k_a) -> (Tensor, Tensor, Tensor)",
+    wkv_prep_torch,
+)
+
+
 def gn_bonus_gate_torch(
     y: torch.Tensor,
     r: torch.Tensor,
@@ -222,152 +252,84 @@ def gn_bonus_gate_torch(
     r_k: torch.Tensor,
     weight: torch.Tensor,
     bias: torch.Tensor,
+    eps: float = GROUP_NORM_EPS,
 ) -> torch.Tensor:
-    """`(group_norm_bonus(y, r, k, v, ...) * g)`: the time-mix output before its projection."""
-    return group_norm_bonus_torch(y, r, k, v, r_k, weight, bias, y.shape[1] // HEAD_SIZE) * g
+    """The time-mix output before its projection: per-head group norm of the WKV output plus the
+    current-token bonus `sum_j(r * k * r_k)_head * v_head`, times the gate g."""
+    T, C = y.shape
+    n_head = C // HEAD_SIZE
+    normed = F.group_norm(y, num_groups=n_head, weight=weight, bias=bias, eps=eps)
+    bonus = (r * k * r_k).view(T, n_head, -1).sum(dim=-1, keepdim=True) * v.view(T, n_head, -1)
+    return (normed + bonus.view(T, C)) * g
 
 
-# ----------------------------------------------------------------------------------------------
-# dispatch
-
-_TORCH_OPS: dict[str, Callable[..., Any]] = {
-    "wkv7": wkv7_torch,
-    "token_shift": token_shift_torch,
-    "mix_inputs": mix_inputs_torch,
-    "group_norm_bonus": group_norm_bonus_torch,
-    "relu_square": relu_square_torch,
-    "add_layer_norm": add_layer_norm_torch,
-    "shift_mix": shift_mix_torch,
-    "wkv_prep": wkv_prep_torch,
-    "gn_bonus_gate": gn_bonus_gate_torch,
-}
-_CUDA_OPS: dict[str, Callable[..., Any]] = {}
+gn_bonus_gate = _declare(
+    "gn_bonus_gate(Tensor y, Tensor r, Tensor k, Tensor v, Tensor g, Tensor r_k, Tensor weight, Tensor bias, "
+    f"float eps={GROUP_NORM_EPS}) -> Tensor",
+    gn_bonus_gate_torch,
+)
 
 
-def register_cuda_ops(**implementations: Callable[..., Any]) -> None:
-    """Install CUDA implementations by op name (same signature as the torch twin). Registering
-    again replaces the previous one; an unknown name is refused with the list of known ones."""
-    unknown = sorted(set(implementations) - set(_TORCH_OPS))
-    if unknown:
-        raise ValueError(f"unknown op(s) {', '.join(unknown)}; known: {', '.join(sorted(_TORCH_OPS))}")
-    for name, fn in implementations.items():
-        if not callable(fn):
-            raise TypeError(f"op {name!r} must be callable, got {type(fn).__name__}")
-    _CUDA_OPS.update(implementations)
+def relu_square_torch(x: torch.Tensor) -> torch.Tensor:
+    return torch.relu(x).square()
 
 
-def unregister_cuda_ops(*names: str) -> None:
-    """Remove CUDA implementations (all of them when no name is given); the torch twins remain."""
-    for name in names or tuple(_CUDA_OPS):
-        _CUDA_OPS.pop(name, None)
+relu_square = _declare("relu_square(Tensor x) -> Tensor", relu_square_torch)
 
 
-@contextlib.contextmanager
-def cuda_ops_replaced(**implementations: Callable[..., Any]) -> Iterator[None]:
-    """Install implementations for the duration of a block, then restore exactly what was there
-    (tests use it, so a test never leaves the process without the real kernels)."""
-    previous = {name: _CUDA_OPS.get(name) for name in implementations}
-    register_cuda_ops(**implementations)
-    try:
-        yield
-    finally:
-        for name, fn in previous.items():
-            if fn is None:
-                _CUDA_OPS.pop(name, None)
-            else:
-                _CUDA_OPS[name] = fn
-
-
-def registered_cuda_ops() -> tuple[str, ...]:
-    return tuple(sorted(_CUDA_OPS))
-
-
-def known_ops() -> tuple[str, ...]:
-    return tuple(sorted(_TORCH_OPS))
-
-
-def _pick(name: str, tensor: torch.Tensor) -> Callable[..., Any]:
-    if tensor.is_cuda:
-        fn = _CUDA_OPS.get(name)
-        if fn is not None:
-            return fn
-    return _TORCH_OPS[name]
-
-
-def wkv7(
-    state: torch.Tensor,
-    slot_idx: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    r: torch.Tensor,
-    w: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    a: torch.Tensor,
-    b: torch.Tensor,
-    single_token: bool = False,
+def sample_torch(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    temperature: torch.Tensor,
+    top_p: torch.Tensor,
+    top_k: torch.Tensor,
+    presence: torch.Tensor,
+    frequency: torch.Tensor,
+    decay: torch.Tensor,
+    seed32: torch.Tensor,
+    step: torch.Tensor,
+    penalties: torch.Tensor,
+    seen: torch.Tensor,
+    update_penalties: bool,
 ) -> torch.Tensor:
-    """`single_token`: every slot has exactly one row (row s is slot s's token), so the CUDA op
-    can take its decode kernel; the result is bit-identical to the general kernel's."""
-    return _pick("wkv7", state)(state, slot_idx, cu_seqlens, r, w, k, v, a, b, single_token)
+    """`albatross.sampler.sample` on the op's unpacked arguments."""
+    batch = sampler.SamplingBatch(temperature, top_p, top_k, presence, frequency, decay, seed32, step)
+    return sampler.sample(logits, slots, batch, sampler.PenaltyPool.wrap(penalties, seen), update_penalties)
 
 
-def token_shift(x: torch.Tensor, shift_state: torch.Tensor, batch: FlatBatch) -> torch.Tensor:
-    return _pick("token_shift", x)(x, shift_state, batch)
+_sample = _declare(
+    "sample(Tensor logits, Tensor slots, Tensor temperature, Tensor top_p, Tensor top_k, Tensor presence, "
+    "Tensor frequency, Tensor decay, Tensor seed32, Tensor step, Tensor(a!) penalties, Tensor(b!) seen, "
+    "bool update_penalties) -> Tensor",
+    sample_torch,
+)
 
 
-def mix_inputs(x: torch.Tensor, delta: torch.Tensor, coefficients: torch.Tensor) -> torch.Tensor:
-    return _pick("mix_inputs", x)(x, delta, coefficients)
-
-
-def group_norm_bonus(
-    y: torch.Tensor,
-    r: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    r_k: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor,
-    n_head: int,
+def sample(
+    logits: torch.Tensor,
+    slots: torch.Tensor,
+    batch: sampler.SamplingBatch,
+    penalties: sampler.PenaltyPool,
+    update_penalties: bool = True,
 ) -> torch.Tensor:
-    return _pick("group_norm_bonus", y)(y, r, k, v, r_k, weight, bias, n_head)
-
-
-def relu_square(x: torch.Tensor) -> torch.Tensor:
-    return _pick("relu_square", x)(x)
-
-
-def add_layer_norm(x: torch.Tensor, delta: torch.Tensor | None, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    return _pick("add_layer_norm", x)(x, delta, weight, bias)
-
-
-def shift_mix(x: torch.Tensor, shift_state: torch.Tensor, batch: FlatBatch, coefficients: torch.Tensor) -> torch.Tensor:
-    return _pick("shift_mix", x)(x, shift_state, batch, coefficients)
-
-
-def wkv_prep(
-    k: torch.Tensor,
-    v: torch.Tensor,
-    w_lora: torch.Tensor,
-    a_lora: torch.Tensor,
-    v_lora: torch.Tensor | None,
-    v_first: torch.Tensor | None,
-    w0: torch.Tensor,
-    a0: torch.Tensor,
-    v0: torch.Tensor | None,
-    k_k: torch.Tensor,
-    k_a: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    return _pick("wkv_prep", k)(k, v, w_lora, a_lora, v_lora, v_first, w0, a0, v0, k_k, k_a)
-
-
-def gn_bonus_gate(
-    y: torch.Tensor,
-    r: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    r_k: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor,
-) -> torch.Tensor:
-    return _pick("gn_bonus_gate", y)(y, r, k, v, g, r_k, weight, bias)
+    """`albatross.sampler.sample` (same arguments, same result) through the `sample` op: the CUDA
+    kernel for CUDA tensors once its library is loaded, the torch sampler otherwise. The op does
+    not take allowed-token masks or logit biases yet: a batch with either runs the torch sampler,
+    which applies them, rather than the op, which would drop them."""
+    if batch.allowed is not None or batch.bias is not None:
+        return sampler.sample(logits, slots, batch, penalties, update_penalties)
+    return _sample(
+        logits.float(),
+        slots.to(torch.int64),
+        batch.temperature,
+        batch.top_p,
+        batch.top_k,
+        batch.presence,
+        batch.frequency,
+        batch.decay,
+        batch.seed32,
+        batch.step,
+        penalties.penalties,
+        penalties.seen,
+        update_penalties,
+    )

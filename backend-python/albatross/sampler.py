@@ -189,6 +189,13 @@ class PenaltyPool:
         self.penalties = torch.zeros(batch_size, vocab_size, dtype=torch.float32, device=device)
         self.seen = torch.zeros(batch_size, vocab_size, dtype=torch.bool, device=device)
 
+    @classmethod
+    def wrap(cls, penalties: torch.Tensor, seen: torch.Tensor) -> PenaltyPool:
+        """A pool over existing tensors (the `sample` op hands its twin the two tensors)."""
+        pool = cls.__new__(cls)
+        pool.penalties, pool.seen = penalties, seen
+        return pool
+
     def reset(self, slots: torch.Tensor | Sequence[int]) -> None:
         index = torch.as_tensor(slots, dtype=torch.int64, device=self.penalties.device)
         self.penalties[index] = 0.0

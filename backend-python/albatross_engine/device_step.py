@@ -22,7 +22,7 @@ from albatross.cuda_graphs import DecodeGraphRunner, forward_decode
 from albatross.dtypes import DTYPES
 from albatross.model import RWKV7
 from albatross.ops import FlatBatch, host_to_device
-from albatross import cuda_ops
+from albatross import ops
 from albatross.sampler import MASK32, PenaltyPool, SamplingBatch, TopLogprobs, top_logprobs
 from albatross.state import SlotState, StatePool
 from albatross_engine.scheduler import RowKind, StepPlan
@@ -181,7 +181,7 @@ class DeviceStep:
     def _sample(self, logits: torch.Tensor, inputs: _SamplingInputs, issued: IssuedStep) -> None:
         if inputs.positions is not None:
             logits = logits.index_select(0, inputs.positions)
-        ids = cuda_ops.sample(logits, inputs.slots, inputs.batch, self.penalties)  # the CUDA kernel when loaded
+        ids = ops.sample(logits, inputs.slots, inputs.batch, self.penalties)  # the CUDA kernel when loaded
         issued.ids = ids
         if inputs.logprob_index is not None:
             index = inputs.logprob_index

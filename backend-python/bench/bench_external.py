@@ -4,7 +4,7 @@
    fused_recurrent, fused_mul_recurrent) on one 7.2B layer (64 heads): 1x4096, 64x512 and 16x2048
    prefill, 960x1 decode; ms per call, tok/s, equivalent TB/s, max error of y and of the final
    state against a float64 reference (bench/external/wkv_compare.py says how parameters map).
-2. sampling: `albatross.cuda_ops.sample_cuda` vs FlashInfer's joint top-k/top-p kernels (our
+2. sampling: `albatross.ops.sample` vs FlashInfer's joint top-k/top-p kernels (our
    binding of its header-only kernels, bench/external/flashinfer_sampling*), vocab 65536, fp32
    logits, batch 1/64/256/960: ms per call, and total variation of many draws from the exact
    truncated distribution (bench/external/sampling_compare.py says what differs).

@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from albatross import cuda_ops, sampler
+from albatross import cuda_ops, ops, sampler
 from albatross.cuda_graphs import DecodeGraphRunner
 from albatross.model import RWKV7
 from albatross.random_checkpoint import NAMED_SHAPES, random_state_dict
@@ -63,7 +63,7 @@ def bench_decode(model: RWKV7, pool: StatePool, batch: int, steps: int, shape: s
             logits = model.forward(pool, slots, [[t] for t in tokens])
         else:
             logits = graphs.decode(slot_tensor, torch.tensor(tokens, device=device))
-        ids = cuda_ops.sample(logits, slot_tensor, sampling, penalties)
+        ids = ops.sample(logits, slot_tensor, sampling, penalties)
         sampling.step += 1
         return ids.tolist()  # the one host sync per step
 
@@ -106,7 +106,7 @@ def profile_decode(model: RWKV7, pool: StatePool, batch: int, steps: int = 3) ->
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         for _ in range(steps):
             logits = model.forward(pool, slots, [[t] for t in tokens])
-            tokens = cuda_ops.sample(logits, slot_tensor, sampling, penalties).tolist()
+            tokens = ops.sample(logits, slot_tensor, sampling, penalties).tolist()
         torch.cuda.synchronize()
     return _kernel_table(prof)
 

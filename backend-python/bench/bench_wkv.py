@@ -61,13 +61,13 @@ def bench(
     cu = torch.arange(0, slots * length + 1, length, dtype=torch.int32, device="cuda")
     inputs = _inputs(slots * length, heads, act_dtype, gen)
     expected = ops.wkv7_torch(state.clone(), slot_idx, cu, *inputs).double()
-    got = cuda_ops.wkv7_cuda(state.clone(), slot_idx, cu, *inputs, single_token=single).double()
+    got = ops.wkv7(state.clone(), slot_idx, cu, *inputs, single_token=single).double()
     diff = ((got - expected).norm() / expected.norm().clamp_min(1e-30)).item()
-    cuda_ops.wkv7_cuda(state, slot_idx, cu, *inputs, single_token=single)  # warm-up
+    ops.wkv7(state, slot_idx, cu, *inputs, single_token=single)  # warm-up
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(iters):
-        cuda_ops.wkv7_cuda(state, slot_idx, cu, *inputs, single_token=single)
+        ops.wkv7(state, slot_idx, cu, *inputs, single_token=single)
     end.record()
     end.synchronize()
     seconds = start.elapsed_time(end) / 1000 / iters

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# The one script run on the GPU machine (device tool): build the kernels for sm90, show that the
-# loader takes the fresh binaries from manifest.json without compiling, run the CUDA tests, time
-# the model. Everything worth keeping lands in $OUT (at most 8 files).
+# The one script run on the GPU machine (device tool): show that the loader takes the binaries of
+# manifest.json without compiling, run the CUDA tests, time the model. Everything worth keeping
+# lands in $OUT (at most 8 files).
 #   bash backend-python/bench/gpu_session.sh            (from the repository root)
-# Knobs: BUILD=0 (use the committed binaries), KERNELS=wkv7,... (build only these), TEST_FILES,
-# WKV_BENCH=0, MODEL_BENCH=0, BENCH_ARGS / BENCH_TIMEOUT (bench_model.py).
+# Knobs: BUILD=1 (first rebuild the kernels here: ARCHS=sm90,... or build_kernels.py's default of
+# every arch; KERNELS=wkv7,... only these), TEST_FILES, WKV_BENCH=0, MODEL_BENCH=0,
+# BENCH_ARGS / BENCH_TIMEOUT (bench_model.py).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out}
@@ -18,12 +19,12 @@ log="$OUT/session.log"
   date -u
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.max.sm --format=csv
   $PY -c "import torch, sys; print('torch', torch.__version__, 'cuda', torch.version.cuda, 'python', sys.version.split()[0])"
-  if [ "${BUILD:-1}" = 1 ]; then
+  if [ "${BUILD:-0}" = 1 ]; then
     echo "== build"
-    time $PY build_kernels.py --arch "${ARCHS:-sm90}" ${KERNELS:+--kernels "$KERNELS"}
+    time $PY build_kernels.py ${ARCHS:+--arch "$ARCHS"} ${KERNELS:+--kernels "$KERNELS"}
     cp manifest.json "$OUT/manifest.json"
     for name in $(echo "${KERNELS:-wkv7,sampler,fused}" | tr , ' '); do  # only what was built: 8 files come back
-      cp backend-python/albatross/kernels/*/*/*/sm90/"$name".so "$OUT/"
+      cp backend-python/albatross/kernels/*/*/"$name".so "$OUT/"
     done
   else
     echo "== no build: the committed binaries of manifest.json"

@@ -22,6 +22,9 @@ N = 64
 def kernels() -> None:
     results = cuda_ops.enable_cuda_kernels()
     assert all(r.how in ("prebuilt", "jit") for r in results.values()), {k: r.describe() for k, r in results.items()}
+    # ops.* on CUDA tensors must reach the kernels, not the twins they are compared with.
+    missing = {"wkv7", "sample"} - set(ops.registered_cuda_ops())
+    assert not missing, f"no CUDA kernel registered for {sorted(missing)}"
 
 
 def _wkv_inputs(lengths: list[int], heads: int, dtype: torch.dtype, gen: torch.Generator) -> list[torch.Tensor]:
@@ -93,7 +96,7 @@ def test_wkv7_kernel_matches_torch_twin(
     expected = ops.wkv7_torch(expected_state, slot_idx, cu, *inputs)
     actual_state = state.clone()
     _poison_next_allocation((sum(lengths), heads * N), act_dtype)
-    actual = cuda_ops.wkv7_cuda(actual_state, slot_idx, cu, *inputs)
+    actual = ops.wkv7(actual_state, slot_idx, cu, *inputs)
     torch.cuda.synchronize()
 
     assert not actual.isnan().any(), "some output rows were never written"
@@ -131,9 +134,9 @@ def test_wkv7_decode_kernel_is_bit_identical_to_the_general_kernel(
     cu = torch.arange(slots + 1, dtype=torch.int32, device="cuda")
     inputs = _wkv_inputs([1] * slots, heads, act_dtype, gen)
     general_state, decode_state, twin_state = state.clone(), state.clone(), state.clone()
-    general = cuda_ops.wkv7_cuda(general_state, slot_idx, cu, *inputs)
+    general = ops.wkv7(general_state, slot_idx, cu, *inputs)
     _poison_next_allocation((slots, heads * N), act_dtype)
-    decode = cuda_ops.wkv7_cuda(decode_state, slot_idx, cu, *inputs, single_token=True)
+    decode = ops.wkv7(decode_state, slot_idx, cu, *inputs, single_token=True)
     twin = ops.wkv7_torch(twin_state, slot_idx, cu, *inputs)
     torch.cuda.synchronize()
     assert not decode.isnan().any(), "some output rows were never written"
@@ -152,8 +155,8 @@ def test_wkv7_decode_kernel_accepts_strided_rows() -> None:
     cu = torch.arange(6, dtype=torch.int32, device="cuda")
     state = (torch.randn(5, 2, N, N, generator=gen, device="cuda") * 0.1).half()
     a, b = state.clone(), state.clone()
-    assert torch.equal(cuda_ops.wkv7_cuda(a, slots, cu, *views, single_token=True),
-                       cuda_ops.wkv7_cuda(b, slots, cu, *inputs, single_token=True))
+    assert torch.equal(ops.wkv7(a, slots, cu, *views, single_token=True),
+                       ops.wkv7(b, slots, cu, *inputs, single_token=True))
 
 
 def test_wkv7_chunked_prefill_equals_one_call() -> None:
@@ -161,14 +164,14 @@ def test_wkv7_chunked_prefill_equals_one_call() -> None:
     inputs = _wkv_inputs([50], 2, torch.float32, gen)
     state = torch.randn(2, 2, N, N, generator=gen, device="cuda") * 0.1
     one = state.clone()
-    y_one = cuda_ops.wkv7_cuda(one, torch.tensor([1], dtype=torch.int32, device="cuda"),
-                               torch.tensor([0, 50], dtype=torch.int32, device="cuda"), *inputs)
+    y_one = ops.wkv7(one, torch.tensor([1], dtype=torch.int32, device="cuda"),
+                     torch.tensor([0, 50], dtype=torch.int32, device="cuda"), *inputs)
     chunked = state.clone()
     parts = []
     for lo, hi in [(0, 1), (1, 20), (20, 21), (21, 50)]:
-        parts.append(cuda_ops.wkv7_cuda(chunked, torch.tensor([1], dtype=torch.int32, device="cuda"),
-                                        torch.tensor([0, hi - lo], dtype=torch.int32, device="cuda"),
-                                        *[x[lo:hi] for x in inputs]))
+        parts.append(ops.wkv7(chunked, torch.tensor([1], dtype=torch.int32, device="cuda"),
+                              torch.tensor([0, hi - lo], dtype=torch.int32, device="cuda"),
+                              *[x[lo:hi] for x in inputs]))
     assert _relative_error(torch.cat(parts), y_one) <= 1e-6
     assert _relative_error(chunked, one) <= 1e-6
 
@@ -182,7 +185,7 @@ def test_wkv7_accepts_strided_row_views() -> None:
     cu = torch.tensor([0, 3, 4, 8], dtype=torch.int32, device="cuda")
     state = torch.randn(3, 2, N, N, generator=gen, device="cuda") * 0.1
     a, b = state.clone(), state.clone()
-    assert torch.equal(cuda_ops.wkv7_cuda(a, slots, cu, *views), cuda_ops.wkv7_cuda(b, slots, cu, *inputs))
+    assert torch.equal(ops.wkv7(a, slots, cu, *views), ops.wkv7(b, slots, cu, *inputs))
 
 
 # ------------------------------------------------------------------------------------------------
@@ -262,7 +265,7 @@ def test_sampler_kernel_matches_torch_twin(rows: int, shape: str) -> None:
 
     expected = sampler.sample(logits, slots, batch, twin_pool)
     _poison_next_allocation((rows,), torch.int64)
-    actual = cuda_ops.sample_cuda(logits, slots, batch, pool)
+    actual = ops.sample(logits, slots, batch, pool)
     torch.cuda.synchronize()
 
     assert bool((actual >= 0).all()), "some rows got no sample written"
@@ -292,7 +295,7 @@ def test_greedy_picks_the_lowest_id_among_tied_maxima() -> None:
         seed32=torch.zeros(3, dtype=torch.int64, device="cuda"), step=torch.zeros(3, dtype=torch.int64, device="cuda"),
     )  # fmt: skip
     pool = sampler.PenaltyPool(3, vocab, device="cuda")
-    ids = cuda_ops.sample_cuda(logits, torch.arange(3, device="cuda"), batch, pool, update_penalties=False)
+    ids = ops.sample(logits, torch.arange(3, device="cuda"), batch, pool, update_penalties=False)
     assert ids.tolist() == [17, 5, 3000]
 
 
@@ -303,12 +306,12 @@ def test_seeded_rows_reproduce_whatever_else_is_in_the_batch() -> None:
     batch = _batch(16, gen, [0.8, 1.2], [0.9, 1.0], [0, 40])
     pool = sampler.PenaltyPool(16, vocab, device="cuda")
     slots = torch.arange(16, device="cuda")
-    first = cuda_ops.sample_cuda(logits, slots, batch, pool, update_penalties=False)
-    again = cuda_ops.sample_cuda(logits, slots, batch, pool, update_penalties=False)
+    first = ops.sample(logits, slots, batch, pool, update_penalties=False)
+    again = ops.sample(logits, slots, batch, pool, update_penalties=False)
     assert torch.equal(first, again), "the same inputs must give the same ids"
     pick = torch.tensor([11, 2, 7], device="cuda")
     sub = sampler.SamplingBatch(*(getattr(batch, f)[pick] for f in ("temperature", "top_p", "top_k", "presence", "frequency", "decay", "seed32", "step")))
-    alone = cuda_ops.sample_cuda(logits[pick], slots[pick], sub, pool, update_penalties=False)
+    alone = ops.sample(logits[pick], slots[pick], sub, pool, update_penalties=False)
     assert torch.equal(alone, first[pick]), "a row's sample must not depend on the other rows"
 
 
@@ -331,7 +334,7 @@ def test_sampler_frequencies_follow_the_kept_distribution(temperature: float, to
         step=torch.arange(draws, dtype=torch.int64, device="cuda"),
     )  # fmt: skip
     pool = sampler.PenaltyPool(1, vocab, device="cuda")
-    ids = cuda_ops.sample_cuda(logits, torch.zeros(draws, dtype=torch.int64, device="cuda"), batch, pool, update_penalties=False)
+    ids = ops.sample(logits, torch.zeros(draws, dtype=torch.int64, device="cuda"), batch, pool, update_penalties=False)
     probs = torch.softmax(row / temperature, dim=-1)
     kept = sampler.kept_mask(probs[None], torch.tensor([top_k]), torch.tensor([top_p]))[0]
     expected = torch.where(kept, probs, torch.zeros_like(probs)).double()
@@ -355,8 +358,8 @@ def test_decode_step_with_sampling_replays_from_a_cuda_graph() -> None:
     pool = sampler.PenaltyPool(rows, vocab, device="cuda")
 
     def step(st: torch.Tensor, pen: sampler.PenaltyPool) -> tuple[torch.Tensor, torch.Tensor]:
-        y = cuda_ops.wkv7_cuda(st, slot_i32, cu, *inputs)
-        return y, cuda_ops.sample_cuda(logits + y[:, :1].float(), slots, batch, pen)
+        y = ops.wkv7(st, slot_i32, cu, *inputs)
+        return y, ops.sample(logits + y[:, :1].float(), slots, batch, pen)
 
     eager_state, eager_pool = state.clone(), _clone_pool(pool)
     eager_y, eager_ids = step(eager_state, eager_pool)
@@ -379,14 +382,84 @@ def test_decode_step_with_sampling_replays_from_a_cuda_graph() -> None:
     assert torch.equal(graph_pool.penalties, eager_pool.penalties), "penalty update in replay differs from eager"
 
 
+def _every_op_inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:
+    """fp16 inputs for one call of each declared op: 3 slots of 1, 2 and 1 rows in a pool of 6."""
+    C, rows, vocab = 2 * N, 4, 1000
+    named = {name: (torch.randn(rows, C, generator=gen, device="cuda") * 0.5).half()
+             for name in ("x", "delta", "k", "v", "w_lora", "a_lora", "v_lora", "v_first", "g")}  # fmt: skip
+    named.update({name: torch.randn(C, generator=gen, device="cuda").half() for name in ("weight", "bias", "w0", "a0", "v0", "k_k", "k_a")})
+    named["mixes"] = (torch.randn(6, C, generator=gen, device="cuda") * 0.5).half()
+    named["shift"] = torch.randn(6, C, generator=gen, device="cuda").half()
+    named["state"] = (torch.randn(6, 2, N, N, generator=gen, device="cuda") * 0.1).half()
+    named["slot_idx"] = torch.tensor([4, 0, 2], dtype=torch.int32, device="cuda")
+    named["cu_seqlens"] = torch.tensor([0, 1, 3, 4], dtype=torch.int32, device="cuda")
+    named["decode_cu"] = torch.arange(4, dtype=torch.int32, device="cuda")
+    named["logits"] = torch.randn(3, vocab, generator=gen, device="cuda") * 3
+    named["penalties"] = torch.rand(6, vocab, generator=gen, device="cuda")
+    named["seen"] = torch.rand(6, vocab, generator=gen, device="cuda") > 0.9
+    return named
+
+
+def _run_every_op(t: dict[str, torch.Tensor], batch: sampler.SamplingBatch, called: set[str]) -> list[torch.Tensor]:
+    """One call of each declared op on `t` (updated in place as the ops do); returns the outputs."""
+    out = [ops.add_layer_norm(t["x"], t["delta"], t["weight"], t["bias"])]
+    out.append(ops.shift_mix(t["x"], t["shift"], t["slot_idx"], t["cu_seqlens"], t["mixes"]))
+    w, a, b = ops.wkv_prep(
+        t["k"], t["v"], t["w_lora"], t["a_lora"], t["v_lora"], t["v_first"], t["w0"], t["a0"], t["v0"], t["k_k"], t["k_a"]
+    )
+    y = ops.wkv7(t["state"], t["slot_idx"], t["cu_seqlens"], t["x"], w, t["k"], t["v"], a, b)
+    rows = [t["x"][:3], w[:3], t["k"][:3], t["v"][:3], a[:3], b[:3]]
+    decode = ops.wkv7(t["state"], t["slot_idx"], t["decode_cu"], *rows, single_token=True)
+    out += [w, a, b, y, decode, ops.gn_bonus_gate(y, t["x"], t["k"], t["v"], t["g"], t["k_k"], t["weight"], t["bias"])]
+    out.append(ops.relu_square(t["delta"]))
+    pool = sampler.PenaltyPool.wrap(t["penalties"], t["seen"])
+    out.append(ops.sample(t["logits"] + y[:3, :1].float(), t["slot_idx"].long(), batch, pool))
+    called.update({"add_layer_norm", "shift_mix", "wkv_prep", "wkv7", "gn_bonus_gate", "relu_square", "sample"})
+    return out
+
+
+def test_every_op_runs_its_kernel_without_host_syncs_and_replays_from_a_cuda_graph() -> None:
+    gen = torch.Generator(device="cuda").manual_seed(5)
+    inputs = _every_op_inputs(gen)
+    batch = _batch(3, torch.Generator().manual_seed(2), [0.0, 0.8], [0.9, 1.0], [0, 20])
+    called: set[str] = set()
+    eager = {name: t.clone() for name, t in inputs.items()}
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")  # any host sync inside an op raises
+    try:
+        eager_out = _run_every_op(eager, batch, called)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert called == set(ops.declared_ops()), f"ops this test does not run: {sorted(set(ops.declared_ops()) - called)}"
+    assert set(ops.declared_ops()) <= set(ops.registered_cuda_ops()), "every op must run its CUDA kernel here"
+
+    static = {name: t.clone() for name, t in inputs.items()}
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        _run_every_op({name: t.clone() for name, t in inputs.items()}, batch, set())  # warm-up
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        graph_out = _run_every_op(static, batch, set())
+    for name, t in static.items():
+        t.copy_(inputs[name])  # start the replay from the inputs eager started from
+    graph.replay()
+    torch.cuda.synchronize()
+    for index, (got, want) in enumerate(zip(graph_out, eager_out)):
+        assert torch.equal(got, want), f"output {index} of the replay differs from eager"
+    for name in ("x", "shift", "k", "v", "state", "penalties", "seen"):
+        assert torch.equal(static[name], eager[name]), f"{name}, updated in place, differs between replay and eager"
+
+
 # ------------------------------------------------------------------------------------------------
 # argument checks
 
 
 _BAD_CALLS = {
-    "wkv7 single_token row count": "cuda_ops.wkv7_cuda(state, slots[:4], cu[:5], *rows, single_token=True)",
-    "wkv7 input shape": "cuda_ops.wkv7_cuda(state, slots, cu, rows[0][:, :64], *rows[1:])",
-    "wkv7 slot_idx on the host": "cuda_ops.wkv7_cuda(state, slots.cpu(), cu, *rows)",
+    "wkv7 single_token row count": "ops.wkv7(state, slots[:4], cu[:5], *rows, single_token=True)",
+    "wkv7 input shape": "ops.wkv7(state, slots, cu, rows[0][:, :64], *rows[1:])",
+    "wkv7 slot_idx on the host": "ops.wkv7(state, slots.cpu(), cu, *rows)",
     "layer norm weight dtype": "torch.ops.albatross.add_layer_norm(rows[0].float(), None, rows[0][0], rows[0][0], 1e-5)",
     "layer norm shape": "torch.ops.albatross.add_layer_norm(rows[0], None, rows[0][0, :64], rows[0][0, :64], 1e-5)",
     "sampler logits dtype": "torch.ops.albatross.sample(rows[0], slots.long(), *per_row(5), penalties, seen, True)",
@@ -394,8 +467,9 @@ _BAD_CALLS = {
 }
 _BAD_CALL_SCRIPT = """
 import sys, torch
-from albatross import cuda_ops
+from albatross import cuda_ops, ops
 cuda_ops.enable_cuda_kernels()
+assert set(ops.declared_ops()) <= set(ops.registered_cuda_ops()), "the kernels, not the twins, must check these arguments"
 rows = [torch.randn(5, 128, device="cuda", dtype=torch.half) for _ in range(6)]
 state = torch.zeros(5, 2, 64, 64, device="cuda", dtype=torch.half)
 slots = torch.arange(5, dtype=torch.int32, device="cuda")

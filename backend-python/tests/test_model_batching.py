@@ -1,4 +1,4 @@
-"""Batched forward: chunking, slot independence, input validation, and the WKV op and its dispatch."""
+"""Batched forward: chunking, slot independence, input validation, and the WKV op."""
 
 from __future__ import annotations
 
@@ -186,23 +186,3 @@ def test_flat_batch_marks_decode_steps_for_the_single_token_wkv_path() -> None:
     assert ops.FlatBatch.build([3, 0, 5], [1, 1, 1], cpu).single_token
     assert not ops.FlatBatch.build([3, 0, 5], [1, 4, 1], cpu).single_token
     assert not ops.FlatBatch.build([2], [7], cpu).single_token
-
-
-def test_registering_an_unknown_op_lists_the_known_ones() -> None:
-    with pytest.raises(ValueError, match="known: .*wkv7"):
-        ops.register_cuda_ops(wkv8=lambda *args: args[0])
-
-
-def test_cuda_ops_are_not_used_for_cpu_tensors(model: RWKV7) -> None:
-    calls: list[str] = []
-
-    def spy(*args: object) -> torch.Tensor:
-        calls.append("wkv7")
-        raise AssertionError("the CUDA op must not run on CPU tensors")
-
-    before = ops.registered_cuda_ops()
-    with ops.cuda_ops_replaced(wkv7=spy):
-        assert "wkv7" in ops.registered_cuda_ops()
-        model.forward(StatePool(model, batch_size=1), [0], [[1, 2, 3]])
-    assert calls == [], "the CUDA op ran on CPU tensors"
-    assert ops.registered_cuda_ops() == before, "the previous registrations are restored"

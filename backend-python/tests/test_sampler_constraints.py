@@ -182,10 +182,10 @@ def test_no_bias_anywhere_builds_no_bias_and_shapes_are_checked() -> None:
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_on_the_gpu_masks_and_biases_are_applied(temperature: float) -> None:
-    """Until the CUDA kernel takes masks and biases, cuda_ops.sample must not drop them: greedy rows
+    """Until the CUDA kernel takes masks and biases, ops.sample must not drop them: greedy rows
     equal the CPU twin's, sampled rows stay inside their masks (fp32 sums on the GPU may move a
     top-p boundary, so sampled ids are not compared one for one)."""
-    from albatross import cuda_ops
+    from albatross import cuda_ops, ops
 
     cuda_ops.enable_cuda_kernels()
     rows = 24
@@ -196,7 +196,7 @@ def test_on_the_gpu_masks_and_biases_are_applied(temperature: float) -> None:
     expected = sample(logits, torch.arange(rows), SamplingBatch.from_params(params, seeds, steps, allowed=allowed), PenaltyPool(rows, VOCAB))
     gpu_allowed = AllowedTokens(index=allowed.index.cuda(), words=allowed.words.cuda())
     batch = SamplingBatch.from_params(params, seeds, steps, device="cuda", allowed=gpu_allowed)
-    got = cuda_ops.sample(logits.cuda(), torch.arange(rows, device="cuda"), batch, PenaltyPool(rows, VOCAB, device="cuda")).cpu().tolist()
+    got = ops.sample(logits.cuda(), torch.arange(rows, device="cuda"), batch, PenaltyPool(rows, VOCAB, device="cuda")).cpu().tolist()
     assert all(mask is None or token in mask for token, mask in zip(got, masks)), "a sampled id left its mask"
     if temperature == 0.0:
         assert got == expected.tolist()

@@ -312,34 +312,35 @@ __global__ void __launch_bounds__(kThreads) relu_square_kernel(const T* __restri
 // ---------------------------------------------------------------------------------------------
 // host side
 
-void check_same(const at::Tensor& t, const at::Tensor& like, const char* name) {
+void check_same(const Tensor& t, const Tensor& like, const char* name) {
   check_cuda(t, name);
   ALBATROSS_CHECK(t.scalar_type() == like.scalar_type(), name, " must have dtype ", like.scalar_type(), ", got ",
-              t.scalar_type());
-  ALBATROSS_CHECK(t.device() == like.device(), name, " must be on ", like.device());
+                  t.scalar_type());
+  ALBATROSS_CHECK(t.device() == like.device(), name, " must be on ", device_name(like));
   ALBATROSS_CHECK(t.is_contiguous(), name, " must be contiguous");
 }
 
-void check_vector(const at::Tensor& t, const at::Tensor& like, const char* name, int64_t C) {
+void check_vector(const Tensor& t, const Tensor& like, const char* name, int64_t C) {
   check_same(t, like, name);
   ALBATROSS_CHECK(t.numel() == C, name, " must have ", C, " elements, got ", t.numel());
 }
 
-void check_matrix(const at::Tensor& t, const at::Tensor& like, const char* name, int64_t rows, int64_t C) {
+void check_matrix(const Tensor& t, const Tensor& like, const char* name, int64_t rows, int64_t C) {
   check_same(t, like, name);
   ALBATROSS_CHECK(t.dim() == 2 && t.size(0) == rows && t.size(1) == C, name, " must be [", rows, ", ", C, "], got ",
-              t.sizes());
+                  t.sizes());
 }
 
 // The leading activation of a per-head op: a contiguous [T, H * 64] matrix.
-void check_head_matrix(const at::Tensor& t, const char* name) {
+void check_head_matrix(const Tensor& t, const char* name) {
   check_cuda(t, name);
   ALBATROSS_CHECK(t.dim() == 2 && t.is_contiguous() && t.size(1) % kHead == 0, name,
                   " must be a contiguous [T, H * 64] matrix, got ", t.sizes());
 }
 
-void check_aligned(const at::Tensor& t, const char* name) {
-  ALBATROSS_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name, " must be 16-byte aligned (8-channel vector access)");
+void check_aligned(const Tensor& t, const char* name) {
+  ALBATROSS_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name,
+                  " must be 16-byte aligned (8-channel vector access)");
 }
 
 unsigned row_blocks(int64_t rows) {
@@ -347,8 +348,11 @@ unsigned row_blocks(int64_t rows) {
   return static_cast<unsigned>(rows);
 }
 
-at::Tensor add_layer_norm_cuda(at::Tensor x, const c10::optional<at::Tensor>& delta, const at::Tensor& weight,
-                               const at::Tensor& bias, double eps) {
+template <typename T>
+T* pointer(const Tensor& t) { return static_cast<T*>(t.data_ptr()); }
+
+Tensor add_layer_norm_cuda(Tensor x, const OptionalTensor& delta, const Tensor& weight, const Tensor& bias,
+                           double eps) {
   check_cuda(x, "x");
   ALBATROSS_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [T, C] matrix, got ", x.sizes());
   const int64_t rows = x.size(0), C = x.size(1);
@@ -356,58 +360,58 @@ at::Tensor add_layer_norm_cuda(at::Tensor x, const c10::optional<at::Tensor>& de
   if (delta.has_value()) check_matrix(*delta, x, "delta", rows, C);
   check_vector(weight, x, "weight", C);
   check_vector(bias, x, "bias", C);
-  const c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor h = at::empty_like(x);
+  const DeviceGuard guard(x.get_device_index());
+  Tensor h = empty_like(x);
   if (rows == 0) return h;
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = current_stream(x);
   ALBATROSS_DISPATCH_FLOAT(x.scalar_type(), T, "x", [&] {
     add_layer_norm_kernel<T><<<row_blocks(rows), kThreads, 0, stream>>>(
-        reinterpret_cast<T*>(x.data_ptr()), delta.has_value() ? reinterpret_cast<const T*>(delta->data_ptr()) : nullptr,
-        reinterpret_cast<const T*>(weight.data_ptr()), reinterpret_cast<const T*>(bias.data_ptr()),
-        reinterpret_cast<T*>(h.data_ptr()), static_cast<int>(C), static_cast<float>(eps));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+        pointer<T>(x), delta.has_value() ? pointer<const T>(*delta) : nullptr, pointer<const T>(weight),
+        pointer<const T>(bias), pointer<T>(h), static_cast<int>(C), static_cast<float>(eps));
+    check_launch();
   });
   return h;
 }
 
-at::Tensor shift_mix_cuda(const at::Tensor& x, at::Tensor shift, const at::Tensor& slot_idx,
-                          const at::Tensor& cu_seqlens, const at::Tensor& coefficients) {
+Tensor shift_mix_cuda(const Tensor& x, Tensor shift, const Tensor& slot_idx, const Tensor& cu_seqlens,
+                      const Tensor& coefficients) {
   check_cuda(x, "x");
   ALBATROSS_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [T, C] matrix, got ", x.sizes());
   const int64_t rows = x.size(0), C = x.size(1);
   check_cuda(shift, "shift_state");
-  ALBATROSS_CHECK(shift.scalar_type() == x.scalar_type() && shift.dim() == 2 && shift.size(1) == C && shift.stride(1) == 1,
-              "shift_state must be [B, ", C, "] with unit channel stride and x's dtype, got ", shift.sizes());
+  ALBATROSS_CHECK(shift.scalar_type() == x.scalar_type() && shift.dim() == 2 && shift.size(1) == C &&
+                      shift.stride(1) == 1,
+                  "shift_state must be [B, ", C, "] with unit channel stride and x's dtype, got ", shift.sizes());
   check_same(coefficients, x, "coefficients");
   const bool single = coefficients.dim() == 1;  // one [T, C] mix instead of [K, T, C]
   ALBATROSS_CHECK((single && coefficients.size(0) == C) || (coefficients.dim() == 2 && coefficients.size(1) == C),
-              "coefficients must be [K, ", C, "] or [", C, "], got ", coefficients.sizes());
+                  "coefficients must be [K, ", C, "] or [", C, "], got ", coefficients.sizes());
   const int64_t S = check_slots(slot_idx, cu_seqlens);
   const int64_t K = single ? 1 : coefficients.size(0);
-  ALBATROSS_CHECK(C % kVec == 0 && shift.stride(0) % kVec == 0, "shift_mix needs C and the shift row stride to be multiples of 8");
+  ALBATROSS_CHECK(C % kVec == 0 && shift.stride(0) % kVec == 0,
+                  "shift_mix needs C and the shift row stride to be multiples of 8");
   check_aligned(x, "x");
   check_aligned(shift, "shift_state");
   check_aligned(coefficients, "coefficients");
-  const c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor out = single ? at::empty({rows, C}, x.options()) : at::empty({K, rows, C}, x.options());
+  const DeviceGuard guard(x.get_device_index());
+  Tensor out = single ? new_empty(x, {rows, C}) : new_empty(x, {K, rows, C});
   if (rows == 0 || S == 0 || K == 0) return out;
   const dim3 grid(row_blocks(rows), static_cast<unsigned>((C / kVec + kThreads - 1) / kThreads));
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = current_stream(x);
   ALBATROSS_DISPATCH_FLOAT(x.scalar_type(), T, "x", [&] {
     shift_mix_kernel<T><<<grid, kThreads, 0, stream>>>(
-        reinterpret_cast<const T*>(x.data_ptr()), reinterpret_cast<T*>(shift.data_ptr()), shift.stride(0),
-        slot_idx.data_ptr<int>(), cu_seqlens.data_ptr<int>(), static_cast<int>(S),
-        reinterpret_cast<const T*>(coefficients.data_ptr()), static_cast<int>(K), reinterpret_cast<T*>(out.data_ptr()),
-        rows, static_cast<int>(C));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+        pointer<const T>(x), pointer<T>(shift), shift.stride(0), slot_idx.const_data_ptr<int>(),
+        cu_seqlens.const_data_ptr<int>(), static_cast<int>(S), pointer<const T>(coefficients), static_cast<int>(K),
+        pointer<T>(out), rows, static_cast<int>(C));
+    check_launch();
   });
   return out;
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> wkv_prep_cuda(
-    at::Tensor k, at::Tensor v, const at::Tensor& w_lora, const at::Tensor& a_lora,
-    const c10::optional<at::Tensor>& v_lora, const c10::optional<at::Tensor>& v_first, const at::Tensor& w0,
-    const at::Tensor& a0, const c10::optional<at::Tensor>& v0, const at::Tensor& k_k, const at::Tensor& k_a) {
+std::tuple<Tensor, Tensor, Tensor> wkv_prep_cuda(Tensor k, Tensor v, const Tensor& w_lora, const Tensor& a_lora,
+                                                 const OptionalTensor& v_lora, const OptionalTensor& v_first,
+                                                 const Tensor& w0, const Tensor& a0, const OptionalTensor& v0,
+                                                 const Tensor& k_k, const Tensor& k_a) {
   check_head_matrix(k, "k");
   const int64_t rows = k.size(0), C = k.size(1), H = C / kHead;
   check_matrix(v, k, "v", rows, C);
@@ -415,7 +419,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> wkv_prep_cuda(
   check_matrix(a_lora, k, "a_lora", rows, C);
   const bool residual = v_lora.has_value();
   ALBATROSS_CHECK(residual == v_first.has_value() && residual == v0.has_value(),
-              "v_lora, v_first and v0 must be given together (value residual) or all omitted (layer 0)");
+                  "v_lora, v_first and v0 must be given together (value residual) or all omitted (layer 0)");
   if (residual) {
     check_matrix(*v_lora, k, "v_lora", rows, C);
     check_matrix(*v_first, k, "v_first", rows, C);
@@ -425,43 +429,41 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> wkv_prep_cuda(
   check_vector(a0, k, "a0", C);
   check_vector(k_k, k, "k_k", C);
   check_vector(k_a, k, "k_a", C);
-  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&k, &v, &w_lora, &a_lora, &w0, &a0, &k_k, &k_a})
-    check_aligned(*t, "wkv_prep inputs");
+  using Tensors = std::initializer_list<const Tensor*>;
+  for (const Tensor* t : Tensors{&k, &v, &w_lora, &a_lora, &w0, &a0, &k_k, &k_a}) check_aligned(*t, "wkv_prep inputs");
   if (residual)
-    for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&*v_lora, &*v_first, &*v0})
-      check_aligned(*t, "wkv_prep inputs");
-  const c10::cuda::CUDAGuard guard(k.device());
-  at::Tensor w = at::empty_like(k), a = at::empty_like(k), b = at::empty_like(k);
+    for (const Tensor* t : Tensors{&*v_lora, &*v_first, &*v0}) check_aligned(*t, "wkv_prep inputs");
+  const DeviceGuard guard(k.get_device_index());
+  Tensor w = empty_like(k), a = empty_like(k), b = empty_like(k);
   if (rows == 0) return {w, a, b};
-  const dim3 grid(row_blocks(rows), static_cast<unsigned>((H + kHeadsPerBlock - 1) / kHeadsPerBlock));  // 32 heads a block
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const unsigned head_blocks = static_cast<unsigned>((H + kHeadsPerBlock - 1) / kHeadsPerBlock);  // 32 heads a block
+  const dim3 grid(row_blocks(rows), head_blocks);
+  const cudaStream_t stream = current_stream(k);
   ALBATROSS_DISPATCH_FLOAT(k.scalar_type(), T, "k", [&] {
-    auto ptr = [](const at::Tensor& t) { return reinterpret_cast<T*>(t.data_ptr()); };
     PrepArgs<T> p;
-    p.k = ptr(k);
-    p.v = ptr(v);
-    p.w_lora = ptr(w_lora);
-    p.a_lora = ptr(a_lora);
-    p.v_lora = residual ? ptr(*v_lora) : nullptr;
-    p.v_first = residual ? ptr(*v_first) : nullptr;
-    p.w0 = ptr(w0);
-    p.a0 = ptr(a0);
-    p.v0 = residual ? ptr(*v0) : nullptr;
-    p.k_k = ptr(k_k);
-    p.k_a = ptr(k_a);
-    p.w_out = ptr(w);
-    p.a_out = ptr(a);
-    p.b_out = ptr(b);
+    p.k = pointer<T>(k);
+    p.v = pointer<T>(v);
+    p.w_lora = pointer<const T>(w_lora);
+    p.a_lora = pointer<const T>(a_lora);
+    p.v_lora = residual ? pointer<const T>(*v_lora) : nullptr;
+    p.v_first = residual ? pointer<const T>(*v_first) : nullptr;
+    p.w0 = pointer<const T>(w0);
+    p.a0 = pointer<const T>(a0);
+    p.v0 = residual ? pointer<const T>(*v0) : nullptr;
+    p.k_k = pointer<const T>(k_k);
+    p.k_a = pointer<const T>(k_a);
+    p.w_out = pointer<T>(w);
+    p.a_out = pointer<T>(a);
+    p.b_out = pointer<T>(b);
     p.H = static_cast<int>(H);
     wkv_prep_kernel<T><<<grid, kThreads, 0, stream>>>(p);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    check_launch();
   });
   return {w, a, b};
 }
 
-at::Tensor gn_bonus_gate_cuda(const at::Tensor& y, const at::Tensor& r, const at::Tensor& k, const at::Tensor& v,
-                              const at::Tensor& g, const at::Tensor& r_k, const at::Tensor& weight,
-                              const at::Tensor& bias, double eps) {
+Tensor gn_bonus_gate_cuda(const Tensor& y, const Tensor& r, const Tensor& k, const Tensor& v, const Tensor& g,
+                          const Tensor& r_k, const Tensor& weight, const Tensor& bias, double eps) {
   check_head_matrix(y, "y");
   const int64_t rows = y.size(0), C = y.size(1), H = C / kHead;
   check_matrix(r, y, "r", rows, C);
@@ -471,37 +473,38 @@ at::Tensor gn_bonus_gate_cuda(const at::Tensor& y, const at::Tensor& r, const at
   check_vector(r_k, y, "r_k", C);
   check_vector(weight, y, "weight", C);
   check_vector(bias, y, "bias", C);
-  for (const at::Tensor* t : std::initializer_list<const at::Tensor*>{&y, &r, &k, &v, &g, &r_k, &weight, &bias})
-    check_aligned(*t, "gn_bonus_gate inputs");
-  const c10::cuda::CUDAGuard guard(y.device());
-  at::Tensor out = at::empty_like(y);
+  using Tensors = std::initializer_list<const Tensor*>;
+  for (const Tensor* t : Tensors{&y, &r, &k, &v, &g, &r_k, &weight, &bias}) check_aligned(*t, "gn_bonus_gate inputs");
+  const DeviceGuard guard(y.get_device_index());
+  Tensor out = empty_like(y);
   if (rows == 0) return out;
-  const dim3 grid(row_blocks(rows), static_cast<unsigned>((H + kHeadsPerBlock - 1) / kHeadsPerBlock));  // 32 heads a block
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const unsigned head_blocks = static_cast<unsigned>((H + kHeadsPerBlock - 1) / kHeadsPerBlock);  // 32 heads a block
+  const dim3 grid(row_blocks(rows), head_blocks);
+  const cudaStream_t stream = current_stream(y);
   ALBATROSS_DISPATCH_FLOAT(y.scalar_type(), T, "y", [&] {
-    auto ptr = [](const at::Tensor& t) { return reinterpret_cast<const T*>(t.data_ptr()); };
-    gn_bonus_gate_kernel<T><<<grid, kThreads, 0, stream>>>(ptr(y), ptr(r), ptr(k), ptr(v), ptr(g), ptr(r_k),
-                                                           ptr(weight), ptr(bias), reinterpret_cast<T*>(out.data_ptr()),
-                                                           static_cast<int>(H), static_cast<float>(eps));
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    gn_bonus_gate_kernel<T><<<grid, kThreads, 0, stream>>>(
+        pointer<const T>(y), pointer<const T>(r), pointer<const T>(k), pointer<const T>(v), pointer<const T>(g),
+        pointer<const T>(r_k), pointer<const T>(weight), pointer<const T>(bias), pointer<T>(out), static_cast<int>(H),
+        static_cast<float>(eps));
+    check_launch();
   });
   return out;
 }
 
-at::Tensor relu_square_cuda(const at::Tensor& x) {
+Tensor relu_square_cuda(const Tensor& x) {
   check_cuda(x, "x");
   ALBATROSS_CHECK(x.is_contiguous(), "x must be contiguous");
-  const c10::cuda::CUDAGuard guard(x.device());
-  at::Tensor out = at::empty_like(x);
+  const DeviceGuard guard(x.get_device_index());
+  Tensor out = empty_like(x);
   const int64_t n = x.numel();
   if (n == 0) return out;
   check_aligned(x, "x");
   const int64_t blocks = std::min<int64_t>((n / kVec + kThreads - 1) / kThreads + 1, 65536);
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = current_stream(x);
   ALBATROSS_DISPATCH_FLOAT(x.scalar_type(), T, "x", [&] {
-    relu_square_kernel<T><<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-        reinterpret_cast<const T*>(x.data_ptr()), reinterpret_cast<T*>(out.data_ptr()), n);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    relu_square_kernel<T>
+        <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(pointer<const T>(x), pointer<T>(out), n);
+    check_launch();
   });
   return out;
 }
@@ -509,24 +512,11 @@ at::Tensor relu_square_cuda(const at::Tensor& x) {
 }  // namespace
 }  // namespace albatross
 
-TORCH_LIBRARY_FRAGMENT(albatross, m) {
-  m.def("add_layer_norm(Tensor(a!) x, Tensor? delta, Tensor weight, Tensor bias, float eps) -> Tensor");
-  m.def(
-      "shift_mix(Tensor x, Tensor(a!) shift_state, Tensor slot_idx, Tensor cu_seqlens, Tensor coefficients) -> "
-      "Tensor");
-  m.def(
-      "wkv_prep(Tensor(a!) k, Tensor(b!) v, Tensor w_lora, Tensor a_lora, Tensor? v_lora, Tensor? v_first, "
-      "Tensor w0, Tensor a0, Tensor? v0, Tensor k_k, Tensor k_a) -> (Tensor, Tensor, Tensor)");
-  m.def(
-      "gn_bonus_gate(Tensor y, Tensor r, Tensor k, Tensor v, Tensor g, Tensor r_k, Tensor weight, Tensor bias, "
-      "float eps) -> Tensor");
-  m.def("relu_square(Tensor x) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(albatross, CUDA, m) {
-  m.impl("add_layer_norm", &albatross::add_layer_norm_cuda);
-  m.impl("shift_mix", &albatross::shift_mix_cuda);
-  m.impl("wkv_prep", &albatross::wkv_prep_cuda);
-  m.impl("gn_bonus_gate", &albatross::gn_bonus_gate_cuda);
-  m.impl("relu_square", &albatross::relu_square_cuda);
+// The schemas are declared in albatross/ops.py.
+STABLE_TORCH_LIBRARY_IMPL(albatross, CUDA, m) {
+  m.impl("add_layer_norm", TORCH_BOX(&albatross::add_layer_norm_cuda));
+  m.impl("shift_mix", TORCH_BOX(&albatross::shift_mix_cuda));
+  m.impl("wkv_prep", TORCH_BOX(&albatross::wkv_prep_cuda));
+  m.impl("gn_bonus_gate", TORCH_BOX(&albatross::gn_bonus_gate_cuda));
+  m.impl("relu_square", TORCH_BOX(&albatross::relu_square_cuda));
 }

@@ -535,54 +535,50 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(const float* __restrict
   if (tid == 0) out[row_index] = token;
 }
 
-at::Tensor sample_cuda(const at::Tensor& logits, const at::Tensor& slots, const at::Tensor& temperature,
-                       const at::Tensor& top_p, const at::Tensor& top_k, const at::Tensor& presence,
-                       const at::Tensor& frequency, const at::Tensor& decay, const at::Tensor& seed32,
-                       const at::Tensor& step, at::Tensor penalties, at::Tensor seen, bool update_penalties) {
+Tensor sample_cuda(const Tensor& logits, const Tensor& slots, const Tensor& temperature, const Tensor& top_p,
+                   const Tensor& top_k, const Tensor& presence, const Tensor& frequency, const Tensor& decay,
+                   const Tensor& seed32, const Tensor& step, Tensor penalties, Tensor seen, bool update_penalties) {
   check_cuda(logits, "logits");
-  ALBATROSS_CHECK(logits.dim() == 2 && logits.scalar_type() == at::kFloat && logits.stride(1) == 1,
-              "logits must be float32 [rows, vocab] with unit stride along vocab");
+  ALBATROSS_CHECK(logits.dim() == 2 && logits.scalar_type() == ScalarType::Float && logits.stride(1) == 1,
+                  "logits must be float32 [rows, vocab] with unit stride along vocab");
   const int64_t R = logits.size(0), V = logits.size(1);
   ALBATROSS_CHECK(V > 0 && V <= INT_MAX / 2, "vocab size out of range");
   check_cuda(penalties, "penalties");
   check_cuda(seen, "seen");
-  ALBATROSS_CHECK(penalties.dim() == 2 && penalties.size(1) == V && penalties.scalar_type() == at::kFloat &&
-                  penalties.is_contiguous(),
-              "penalties must be contiguous float32 [slots, vocab]");
-  ALBATROSS_CHECK(seen.sizes() == penalties.sizes() && seen.scalar_type() == at::kBool && seen.is_contiguous(),
-              "seen must be contiguous bool with the penalties' shape");
-  const std::pair<const at::Tensor*, at::ScalarType> columns[9] = {
-      {&slots, at::kLong},     {&temperature, at::kFloat}, {&top_p, at::kFloat},
-      {&top_k, at::kLong},     {&presence, at::kFloat},    {&frequency, at::kFloat},
-      {&decay, at::kFloat},    {&seed32, at::kLong},       {&step, at::kLong}};
+  ALBATROSS_CHECK(penalties.dim() == 2 && penalties.size(1) == V && penalties.scalar_type() == ScalarType::Float &&
+                      penalties.is_contiguous(),
+                  "penalties must be contiguous float32 [slots, vocab]");
+  ALBATROSS_CHECK(seen.dim() == 2 && seen.size(0) == penalties.size(0) && seen.size(1) == V &&
+                      seen.scalar_type() == ScalarType::Bool && seen.is_contiguous(),
+                  "seen must be contiguous bool with the penalties' shape");
+  const std::pair<const Tensor*, ScalarType> columns[9] = {
+      {&slots, ScalarType::Long},      {&temperature, ScalarType::Float}, {&top_p, ScalarType::Float},
+      {&top_k, ScalarType::Long},      {&presence, ScalarType::Float},    {&frequency, ScalarType::Float},
+      {&decay, ScalarType::Float},     {&seed32, ScalarType::Long},       {&step, ScalarType::Long}};
   const char* names[9] = {"slots", "temperature", "top_p", "top_k", "presence", "frequency", "decay", "seed32", "step"};
   for (int q = 0; q < 9; ++q) {
-    const at::Tensor& t = *columns[q].first;
+    const Tensor& t = *columns[q].first;
     check_cuda(t, names[q]);
-    ALBATROSS_CHECK(t.dim() == 1 && t.size(0) == R && t.is_contiguous() && t.scalar_type() == columns[q].second, names[q],
-                " must be a contiguous ", columns[q].second, " vector of length ", R);
+    ALBATROSS_CHECK(t.dim() == 1 && t.size(0) == R && t.is_contiguous() && t.scalar_type() == columns[q].second,
+                    names[q], " must be a contiguous ", columns[q].second, " vector of length ", R);
   }
-  const c10::cuda::CUDAGuard guard(logits.device());
-  at::Tensor out = at::empty({R}, logits.options().dtype(at::kLong));
+  const DeviceGuard guard(logits.get_device_index());
+  Tensor out = new_empty(logits, {R}, ScalarType::Long);
   if (R == 0) return out;
-  RowParams params{temperature.data_ptr<float>(), top_p.data_ptr<float>(), top_k.data_ptr<int64_t>(),
-                   presence.data_ptr<float>(),    frequency.data_ptr<float>(), decay.data_ptr<float>(),
-                   seed32.data_ptr<int64_t>(),    step.data_ptr<int64_t>()};
-  sample_kernel<<<static_cast<unsigned>(R), THREADS, 0, c10::cuda::getCurrentCUDAStream()>>>(
-      logits.data_ptr<float>(), logits.stride(0), slots.data_ptr<int64_t>(), params, penalties.data_ptr<float>(),
-      seen.data_ptr<bool>(), static_cast<int>(V), update_penalties, out.data_ptr<int64_t>());
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  const RowParams params{temperature.const_data_ptr<float>(), top_p.const_data_ptr<float>(),
+                         top_k.const_data_ptr<int64_t>(),     presence.const_data_ptr<float>(),
+                         frequency.const_data_ptr<float>(),   decay.const_data_ptr<float>(),
+                         seed32.const_data_ptr<int64_t>(),    step.const_data_ptr<int64_t>()};
+  sample_kernel<<<static_cast<unsigned>(R), THREADS, 0, current_stream(logits)>>>(
+      logits.const_data_ptr<float>(), logits.stride(0), slots.const_data_ptr<int64_t>(), params,
+      penalties.mutable_data_ptr<float>(), seen.mutable_data_ptr<bool>(), static_cast<int>(V), update_penalties,
+      out.mutable_data_ptr<int64_t>());
+  check_launch();
   return out;
 }
 
 }  // namespace
 }  // namespace albatross
 
-TORCH_LIBRARY_FRAGMENT(albatross, m) {
-  m.def(
-      "sample(Tensor logits, Tensor slots, Tensor temperature, Tensor top_p, Tensor top_k, Tensor presence, "
-      "Tensor frequency, Tensor decay, Tensor seed32, Tensor step, Tensor(a!) penalties, Tensor(b!) seen, "
-      "bool update_penalties) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(albatross, CUDA, m) { m.impl("sample", &albatross::sample_cuda); }
+// The schema is declared in albatross/ops.py.
+STABLE_TORCH_LIBRARY_IMPL(albatross, CUDA, m) { m.impl("sample", TORCH_BOX(&albatross::sample_cuda)); }

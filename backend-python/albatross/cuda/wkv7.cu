@@ -131,12 +131,22 @@ __global__ void __launch_bounds__(N) wkv7_kernel(state_t* __restrict__ state, co
   store_tile(S, tile);
 }
 
+// 16 bytes global -> shared without holding registers while in flight (cp.async, sm80+); older
+// chips (and HIP) take a plain copy, made visible by the barrier that follows the wait.
 __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
   const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
+#else
+  *reinterpret_cast<uint4*>(smem) = __ldcs(reinterpret_cast<const uint4*>(gmem));
+#endif
 }
 
-__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm volatile("cp.async.wait_all;\n" ::: "memory");
+#endif
+}
 
 // Decode: one token per slot (row s of the inputs belongs to slot_idx[s]). Bound by the state's
 // traffic, so it is built for bytes in flight: the whole tile is requested at once with cp.async
@@ -209,15 +219,14 @@ __global__ void __launch_bounds__(N, 16) wkv7_decode_kernel(state_t* __restrict_
   }
 }
 
-at::Tensor wkv7_cuda(at::Tensor state, const at::Tensor& slot_idx, const at::Tensor& cu_seqlens, const at::Tensor& r,
-                     const at::Tensor& w, const at::Tensor& k, const at::Tensor& v, const at::Tensor& a,
-                     const at::Tensor& b, bool single_token) {
+Tensor wkv7_cuda(Tensor state, const Tensor& slot_idx, const Tensor& cu_seqlens, const Tensor& r, const Tensor& w,
+                 const Tensor& k, const Tensor& v, const Tensor& a, const Tensor& b, bool single_token) {
   check_cuda(state, "state");
   ALBATROSS_CHECK(state.dim() == 4 && state.size(2) == N && state.size(3) == N,
-              "state must be [slots, heads, 64, 64], got ", state.sizes());
+                  "state must be [slots, heads, 64, 64], got ", state.sizes());
   ALBATROSS_CHECK(state.is_contiguous(), "state must be contiguous");
   const int64_t H = state.size(1), C = H * N, T = r.size(0);
-  const at::Tensor* inputs[6] = {&r, &w, &k, &v, &a, &b};
+  const Tensor* inputs[6] = {&r, &w, &k, &v, &a, &b};
   const char* names[6] = {"r", "w", "k", "v", "a", "b"};
   for (int q = 0; q < 6; ++q) {
     check_rows(*inputs[q], names[q], T, C);
@@ -226,30 +235,32 @@ at::Tensor wkv7_cuda(at::Tensor state, const at::Tensor& slot_idx, const at::Ten
   }
   const int64_t S = check_slots(slot_idx, cu_seqlens);
   ALBATROSS_CHECK(S <= INT_MAX && H <= 65535, "too many slots or heads for one launch");
-  ALBATROSS_CHECK(!single_token || T == S, "single_token needs one input row per slot, got ", T, " rows for ", S, " slots");
+  ALBATROSS_CHECK(!single_token || T == S, "single_token needs one input row per slot, got ", T, " rows for ", S,
+                  " slots");
 
-  const c10::cuda::CUDAGuard guard(state.device());
-  at::Tensor y = at::empty({T, C}, r.options());
+  const DeviceGuard guard(state.get_device_index());
+  Tensor y = new_empty(r, {T, C});
   if (S == 0 || T == 0) return y;
   const dim3 grid(static_cast<unsigned>(S), static_cast<unsigned>(H));
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = current_stream(state);
   ALBATROSS_DISPATCH_FLOAT(r.scalar_type(), act_t, "activations", [&] {
     ALBATROSS_DISPATCH_FLOAT(state.scalar_type(), state_t, "state", [&] {
       WkvInputs<act_t> in;
       for (int q = 0; q < 6; ++q) {
-        in.ptr[q] = reinterpret_cast<const act_t*>(inputs[q]->data_ptr());
+        in.ptr[q] = static_cast<const act_t*>(inputs[q]->data_ptr());
         in.stride[q] = inputs[q]->stride(0);
       }
+      auto* state_ptr = static_cast<state_t*>(state.data_ptr());
+      auto* y_ptr = static_cast<act_t*>(y.data_ptr());
       if (single_token) {
-        wkv7_decode_kernel<act_t, state_t><<<grid, N, 0, stream>>>(
-            reinterpret_cast<state_t*>(state.data_ptr()), slot_idx.data_ptr<int>(), in,
-            reinterpret_cast<act_t*>(y.data_ptr()), y.stride(0), static_cast<int>(H));
+        wkv7_decode_kernel<act_t, state_t><<<grid, N, 0, stream>>>(state_ptr, slot_idx.const_data_ptr<int>(), in, y_ptr,
+                                                                   y.stride(0), static_cast<int>(H));
       } else {
-        wkv7_kernel<act_t, state_t><<<grid, N, 0, stream>>>(
-            reinterpret_cast<state_t*>(state.data_ptr()), slot_idx.data_ptr<int>(), cu_seqlens.data_ptr<int>(), in,
-            reinterpret_cast<act_t*>(y.data_ptr()), y.stride(0), static_cast<int>(H));
+        wkv7_kernel<act_t, state_t><<<grid, N, 0, stream>>>(state_ptr, slot_idx.const_data_ptr<int>(),
+                                                            cu_seqlens.const_data_ptr<int>(), in, y_ptr, y.stride(0),
+                                                            static_cast<int>(H));
       }
-      C10_CUDA_KERNEL_LAUNCH_CHECK();
+      check_launch();
     });
   });
   return y;
@@ -258,10 +269,5 @@ at::Tensor wkv7_cuda(at::Tensor state, const at::Tensor& slot_idx, const at::Ten
 }  // namespace
 }  // namespace albatross
 
-TORCH_LIBRARY_FRAGMENT(albatross, m) {
-  m.def(
-      "wkv7(Tensor(a!) state, Tensor slot_idx, Tensor cu_seqlens, Tensor r, Tensor w, Tensor k, Tensor v, Tensor a, "
-      "Tensor b, bool single_token=False) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(albatross, CUDA, m) { m.impl("wkv7", &albatross::wkv7_cuda); }
+// The schema is declared in albatross/ops.py.
+STABLE_TORCH_LIBRARY_IMPL(albatross, CUDA, m) { m.impl("wkv7", TORCH_BOX(&albatross::wkv7_cuda)); }

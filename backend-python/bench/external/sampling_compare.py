@@ -1,4 +1,4 @@
-"""Sampling: our CUDA sampler (`albatross.cuda_ops.sample_cuda`) against FlashInfer's top-k/top-p
+"""Sampling: our CUDA sampler (`albatross.ops.sample`) against FlashInfer's top-k/top-p
 sampling kernels (our binding of them, flashinfer_build.py): time per call at several batch sizes,
 and how far many draws from one peaked distribution are from the exact truncated distribution.
 
@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from albatross import cuda_ops, sampler
+from albatross import cuda_ops, ops, sampler
 from flashinfer_build import load
 from report import Report, markdown
 from timing import Deadline, cuda_ms
@@ -117,8 +117,8 @@ def timing_impls(fi: ModuleType | None, logits: torch.Tensor, filt: Filter) -> d
     batch = our_batch(rows, filt, device)
     penalties = sampler.PenaltyPool(rows, logits.shape[1], device)
     impls: dict[str, tuple[Callable[[], object], str]] = {
-        "ours (penalty update)": (lambda: cuda_ops.sample_cuda(logits, slots, batch, penalties, True), "logits in; zero penalties read, updated"),
-        "ours (no penalty update)": (lambda: cuda_ops.sample_cuda(logits, slots, batch, penalties, False), "logits in; zero penalties read"),
+        "ours (penalty update)": (lambda: ops.sample(logits, slots, batch, penalties, True), "logits in; zero penalties read, updated"),
+        "ours (no penalty update)": (lambda: ops.sample(logits, slots, batch, penalties, False), "logits in; zero penalties read"),
     }
     if fi is not None:
         args = FlashinferArgs.build(rows, filt, device)
@@ -173,7 +173,7 @@ def draw_rows(fi: ModuleType | None, vocab: int, rows: int, calls: int, device: 
         counts = torch.zeros(vocab, dtype=torch.int64, device=device)
         for call in range(calls):
             batch.step.fill_(call)
-            counts += torch.bincount(cuda_ops.sample_cuda(batch_logits, slots, batch, penalties, False), minlength=vocab)
+            counts += torch.bincount(ops.sample(batch_logits, slots, batch, penalties, False), minlength=vocab)
         out.append(_draw_row("ours", filt, counts.cpu(), exact, 0))
         if fi is None:
             continue
@@ -194,7 +194,7 @@ def run(args: Any, report: Report, deadline: Deadline) -> tuple[list[dict[str, A
         report.note("sampling: skipped (no CUDA GPU)")
         return [], []
     results = cuda_ops.enable_cuda_kernels()
-    if not cuda_ops.cuda_sampler_available():
+    if "sample" not in ops.registered_cuda_ops():
         report.note(f"sampling: skipped (our CUDA sampler did not load: {results['sampler'].describe()})")
         return [], []
     fi: ModuleType | None = None
