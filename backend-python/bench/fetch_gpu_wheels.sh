@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# Download the wheels of gpu_wheels.txt for the GPU image (CPython 3.12, x86_64 manylinux) into
+# .whl/ at the repository root (git-ignored), without their dependencies: the list is the closure.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+platforms=(--platform manylinux2014_x86_64 --platform any)
+for n in 5 17 24 26 27 28 31 34 35 39; do platforms+=(--platform "manylinux_2_${n}_x86_64"); done
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+    "${platforms[@]}" -d .whl -r <(grep -v '^#' backend-python/bench/gpu_wheels.txt)
+ls .whl | wc -l
