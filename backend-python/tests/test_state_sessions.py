@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
+from runner.sessions import session_key
 from runner_fakes import ScriptedBackend, install_backend, make_app, settings_with, sse_payloads
 from test_native_routes import HistoryBackend, greedy_continuation, history_cache
 
@@ -122,13 +123,13 @@ def test_an_aborted_turn_leaves_the_saved_state_unchanged(tmp_path: Path) -> Non
     slow = HistoryBackend(history_cache(tmp_path / "abort.sqlite3"), step_delay_s=0.01)
     with TestClient(make_app(settings_with(max_tokens=64), slow)) as client:
         first = client.post("/state/chat/completions", json={"session_id": "s", "contents": ["start"], "max_tokens": 4}).json()
-        saved = slow.state_store.get("s").tokens.tolist()
+        saved = slow.state_store.get(session_key("s")).tokens.tolist()
         with client.stream("POST", "/state/chat/completions", json={"session_id": "s", "contents": ["more"], "max_tokens": 50, "stream": True}) as response:
             for line in response.iter_lines():
                 if line.startswith("data: {"):
                     break
         assert slow.aborted == 1
-        assert slow.state_store.get("s").tokens.tolist() == saved, "an aborted turn must not overwrite the saved state"
+        assert slow.state_store.get(session_key("s")).tokens.tolist() == saved, "an aborted turn must not overwrite the saved state"
         assert first["choices"][0]["message"]["content"] == greedy_continuation("start", 4)
     slow.shutdown()
 

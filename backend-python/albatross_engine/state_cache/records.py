@@ -111,6 +111,8 @@ class CachedEntry:
     dirty: bool  # not on disk and no write queued: flush() or eviction must write it
     landed: torch.cuda.Event | None = None  # a host copy still in flight completes this (copy_to_host)
     slot: int | None = None  # the HostSlab slot an L2 entry's tensors live in
+    checksum: str | None = None  # of the L3 record this entry equals (None: not known to be on L3)
+    seq: int = 0  # the put that made it; its disk write reports back to the entry it belongs to
 
 
 @dataclass(frozen=True, slots=True)

@@ -3,6 +3,10 @@
 Every write is one transaction (the row and the budget eviction together), so a crash leaves either
 the old row or the new one. Two connections: one for writes (the writer thread, deletes, counters)
 and one for reads, so a route or a worker reading a state does not wait behind a large write.
+
+The file belongs to one process: its turn locks are in-process (`turn_locks.py`) and nothing else
+changes its rows, so the cache trusts its memory copies (`shared = False`). `PRAGMA user_version`
+numbers the key scheme; opening an older file migrates it (`key_migration.py`).
 """
 
 from __future__ import annotations
@@ -11,7 +15,10 @@ import sqlite3
 import threading
 from pathlib import Path
 
+from albatross_engine.state_cache.durable_tier import Fence
+from albatross_engine.state_cache.key_migration import migrate_keys
 from albatross_engine.state_cache.records import StoredRecord
+from albatross_engine.state_cache.turn_locks import LocalTurnLocks
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS states (
@@ -44,6 +51,8 @@ def _connect(path: Path) -> sqlite3.Connection:
 
 
 class SqliteTier:
+    shared = False
+
     def __init__(self, path: Path, budget_bytes: int) -> None:
         if budget_bytes < 0:
             raise ValueError("the L3 budget must be >= 0 bytes")
@@ -52,19 +61,22 @@ class SqliteTier:
         self.budget_bytes = budget_bytes
         self._write_connection = _connect(path)
         self._write_connection.executescript(_SCHEMA)
+        migrate_keys(self._write_connection, path)
         self._read_connection = _connect(path)
         self._write_lock = threading.Lock()
         self._read_lock = threading.Lock()
+        self.location = str(path)
+        self.locks = LocalTurnLocks()
 
     def close(self) -> None:
         with self._write_lock, self._read_lock:
             self._write_connection.close()
             self._read_connection.close()
 
-    def write(self, fingerprint: str, record: StoredRecord) -> list[tuple[str, str]]:
+    def write(self, fingerprint: str, record: StoredRecord, fence: Fence | None = None) -> list[tuple[str, str]]:
         """Stores the row and evicts the oldest rows (any model) past the budget, in one transaction.
         Returns the (fingerprint, key) pairs evicted; the new row itself is evicted when it alone
-        exceeds the budget."""
+        exceeds the budget. `fence` needs no check: in-process locks cannot be lost."""
         with self._write_lock:
             connection = self._write_connection
             connection.execute("BEGIN IMMEDIATE")
@@ -103,6 +115,11 @@ class SqliteTier:
         if row is None:
             return None
         return StoredRecord(key=row[0], layout=row[1], dtype=row[2], nbytes=row[3], checksum=row[4], payload=bytes(row[5]), last_updated=row[6])
+
+    def checksum(self, fingerprint: str, key: str) -> str | None:
+        with self._read_lock:
+            row = self._read_connection.execute("SELECT checksum FROM states WHERE fingerprint = ? AND key = ?", (fingerprint, key)).fetchone()
+        return None if row is None else str(row[0])
 
     def contains(self, fingerprint: str, key: str) -> bool:
         with self._read_lock:

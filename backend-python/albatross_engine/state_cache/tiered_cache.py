@@ -1,14 +1,20 @@
-"""The tiered state cache: L1 on the model's device, L2 in host RAM, L3 in SQLite.
+"""The tiered state cache: L1 on the model's device, L2 in host RAM, L3 durable (SQLite or Redis).
 
 Implements the engine's `StateStore` protocol (get / put / contains) plus what the state routes
-need (delete, delete_prefix, sessions, counters, flush).
+need (delete, delete_prefix, sessions, counters, turn locks, flush).
 
 Durability policy: a session key (anything but `prefix:...`) is written through: `put` places the
-state in L1 and queues it for the writer thread, which commits it to SQLite in one transaction, so a
+state in L1 and queues it for the writer thread, which commits it to L3 in one transaction, so a
 crash loses at most the turns whose write was still queued; `wait_persisted(key)` lets a route reply
-only after its turn is on disk. Prefix-cache keys are written back: they reach SQLite only on `flush()`
-(shutdown), and one that falls out of L2 is dropped, because losing it costs recomputation, never
-correctness, while writing it under load would cost gigabytes of disk traffic.
+only after its turn is stored, and raises when the write failed (the memory copy is dropped then,
+so the cache never serves a state that L3 does not hold). Prefix-cache keys are written back: they
+reach a local L3 only on `flush()` (shutdown), and one that falls out of L2 is dropped, because
+losing it costs recomputation, never correctness, while writing it under load would cost gigabytes
+of disk traffic. A shared L3 (Redis) never holds prefix states: they stay per process.
+
+A shared L3 can change under this process (another replica's turn or delete), so `contains(key)` of
+a session key compares the memory copy's checksum with L3's and reloads a stale copy: the state
+routes call it before every turn, under the turn lock, so the worker's `get` then hits memory.
 
 Copy-on-read and copy-on-write: `put` stores a copy and `get` returns a copy, so a running slot never
 shares memory with a cached entry. Cached states are never mutated in place, which is what lets the
@@ -25,18 +31,16 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from collections.abc import Callable
-from typing import Generic, cast
+from typing import Any, Callable
 
 import torch
 
+from albatross_engine.state_cache.durable_tier import DurableTier, Fence
 from albatross_engine.state_cache.host_slab import HostSlab
 from albatross_engine.state_cache.memory_tier import LruTier
 from albatross_engine.state_cache.records import (
     CacheEntryInfo,
     CachedEntry,
-    SerializableState,
-    StateT,
     StoredRecord,
     checksum,
     copy_into,
@@ -48,10 +52,12 @@ from albatross_engine.state_cache.records import (
     tensor_fields,
 )
 from albatross_engine.state_cache.sqlite_tier import SqliteTier
-from runner.interface import PREFIX_CACHE_KEY_PREFIX
+from runner.interface import BackendError
+from runner.sessions import TurnLease, turn_lock_of
 
 logger = logging.getLogger(__name__)
 
+PREFIX_CACHE_KEY_PREFIX = "prefix:"
 
 _CPU = torch.device("cpu")
 
@@ -61,7 +67,7 @@ def is_session_key(key: str) -> bool:
     return not key.startswith(PREFIX_CACHE_KEY_PREFIX)
 
 
-def _default_state_type() -> type[SerializableState]:
+def _default_state_type() -> type:
     from albatross.state import SlotState
 
     return SlotState
@@ -70,9 +76,11 @@ def _default_state_type() -> type[SerializableState]:
 @dataclass(slots=True)
 class _WriteJob:
     key: str
-    state: SerializableState  # a private CPU copy, never mutated
+    state: Any  # a private CPU copy, never mutated
     last_updated: float
     landed: torch.cuda.Event | None = None  # the copy is complete once this has (None: already)
+    seq: int = 0  # the put it comes from (CachedEntry.seq)
+    fence: Fence | None = None
 
 
 @dataclass(slots=True)
@@ -87,41 +95,55 @@ class CacheStats:
     disk_write_errors: int = 0
     corrupt_rows_dropped: int = 0
     disk_evictions: int = 0
+    stale_copies_dropped: int = 0  # memory copies a shared L3 had changed or deleted
 
 
-class StateCache(Generic[StateT]):
-    """States of one type (`state_type`, default `SlotState`) keyed by text, for one model."""
+class _FencedLease:
+    """A turn lease whose token fences the writes made under it; releasing forgets the token."""
 
+    __slots__ = ("_cache", "_lease", "name")
+
+    def __init__(self, cache: StateCache, name: str, lease: TurnLease) -> None:
+        self._cache, self._lease, self.name = cache, lease, name
+
+    def release(self) -> None:
+        self._cache._forget_fence(self.name, self._lease)
+        self._lease.release()
+
+
+class StateCache:
     def __init__(
         self,
-        path: str | Path,
+        store: str | Path | DurableTier,
         fingerprint: str,
         *,
         device: str | torch.device = "cpu",
         l1_bytes: int = 1 << 30,
         l2_bytes: int = 4 << 30,
         l3_bytes: int = 32 << 30,
-        state_type: type[StateT] | None = None,
+        state_type: type | None = None,
         write_through: Callable[[str], bool] = is_session_key,
     ) -> None:
         if not fingerprint:
             raise ValueError("a state cache needs the model's fingerprint")
         self.fingerprint = fingerprint
         self.device = torch.device(device)
-        self.path = Path(path)
-        # Every state held here was put as, or decoded into, this type (hence the casts in get).
-        self._state_type = cast("type[StateT]", state_type if state_type is not None else _default_state_type())
+        self._l3: DurableTier = SqliteTier(Path(store), l3_bytes) if isinstance(store, (str, Path)) else store
+        self.location = self._l3.location
+        self._state_type = state_type if state_type is not None else _default_state_type()
         self._write_through = write_through
         self._l1 = LruTier(l1_bytes)
         self._l2 = LruTier(l2_bytes)
         # States demoted from a GPU land in one page-locked arena (host_slab.py), never in memory
         # allocated on the engine's thread.
         self._slab = HostSlab(l2_bytes) if self.device.type == "cuda" and l2_bytes > 0 else None
-        self._l3 = SqliteTier(self.path, l3_bytes)
         self._lock = threading.RLock()
         self._changed = threading.Condition(self._lock)
         self._disk_order = threading.Lock()
         self._pending: dict[str, _WriteJob] = {}  # the newest queued disk write of each key
+        self._failed: dict[str, str] = {}  # keys whose newest write failed -> why
+        self._fences: dict[str, tuple[TurnLease, str]] = {}  # turn lock name -> (lease, token)
+        self._seq = 0
         self._queue: queue.SimpleQueue[_WriteJob | None] = queue.SimpleQueue()
         self._stats = CacheStats()
         self._closed = False
@@ -129,52 +151,94 @@ class StateCache(Generic[StateT]):
         self._writer.start()
         logger.info(
             "state cache at %s (model %s): L1 %d bytes on %s, L2 %d bytes, L3 %d bytes",
-            self.path, fingerprint[:12], l1_bytes, self.device, l2_bytes, l3_bytes,
+            self.location, fingerprint[:12], l1_bytes, self.device, l2_bytes, l3_bytes,
         )
+
+    @property
+    def shared(self) -> bool:
+        """L3 is shared with other processes (Redis)."""
+        return self._l3.shared
+
+    def _on_l3(self, key: str) -> bool:
+        """Whether L3 may hold the key: every key on a local L3, only session keys on a shared one."""
+        return not self._l3.shared or self._write_through(key)
 
     # ---- StateStore protocol -------------------------------------------------------------------
 
-    def get(self, key: str) -> StateT | None:
+    def get(self, key: str) -> Any | None:
         """A private copy of the state on the cache's device, or None. A hit moves the entry to L1."""
         with self._lock:
             entry = self._l1.touch(key)
             if entry is not None:
                 self._stats.l1_hits += 1
-                return cast(StateT, copy_state(entry.state, self.device))
+                return copy_state(entry.state, self.device)
             entry = self._l2.pop(key)
             if entry is not None:
                 self._stats.l2_hits += 1
-                return cast(StateT, self._promote(key, entry.state, entry.last_updated, dirty=entry.dirty, landed=entry.landed, leaving=entry))
+                return self._promote(key, entry.state, entry.last_updated, dirty=entry.dirty, landed=entry.landed, leaving=entry)
             job = self._pending.get(key)
             if job is not None:
                 self._stats.l2_hits += 1
-                return cast(StateT, self._promote(key, job.state, job.last_updated, dirty=False, landed=job.landed))
-            record = self._l3.read(self.fingerprint, key)
-            state = None if record is None else self._decode(record)
+                return self._promote(key, job.state, job.last_updated, dirty=False, landed=job.landed, seq=job.seq)
+            if not self._on_l3(key):
+                self._stats.misses += 1
+                return None
+        return self._load_from_l3(key)
+
+    def _load_from_l3(self, key: str) -> Any | None:
+        """Reads outside the lock (a large or remote read must not hold up the engine's cache calls)."""
+        record = self._l3.read(self.fingerprint, key)
+        state = None if record is None else self._decode(record)
+        with self._lock:
             if record is None or state is None:
                 self._stats.misses += 1
                 return None
+            if key in self._l1 or key in self._l2 or key in self._pending:  # a put raced the read: it is newer
+                return self.get(key)
             self._stats.l3_hits += 1
-            return cast(StateT, self._promote(key, state, record.last_updated, dirty=False))
+            return self._promote(key, state, record.last_updated, dirty=False, checksum=record.checksum)
 
-    def put(self, key: str, state: StateT) -> None:
+    def put(self, key: str, state: Any) -> None:
         cached = copy_state(state, self.device)
         now = time.time()
         durable = self._write_through(key)
         with self._lock:
             self._check_open()
             self._stats.puts += 1
+            self._seq += 1
+            self._failed.pop(key, None)
             self._release(self._l2.pop(key))
-            self._l1.insert(key, CachedEntry(cached, state_nbytes(cached), now, dirty=not durable))
+            self._l1.insert(key, CachedEntry(cached, state_nbytes(cached), now, dirty=not durable, seq=self._seq))
             if durable:
-                self._enqueue(key, cached, now)
+                self._enqueue(key, cached, now, seq=self._seq)
             self._rebalance()
 
     def contains(self, key: str) -> bool:
+        """Whether a state is saved under `key`. On a shared L3, a session key is checked against L3
+        (a stale memory copy is dropped) and a state found only there is brought into memory."""
+        if self._l3.shared and self._write_through(key):
+            return self._revalidate(key)
         with self._lock:
             if key in self._l1 or key in self._l2 or key in self._pending:
                 return True
-        return self._l3.contains(self.fingerprint, key)
+        return self._on_l3(key) and self._l3.contains(self.fingerprint, key)
+
+    def _revalidate(self, key: str) -> bool:
+        with self._lock:
+            if key in self._pending:  # this process's own write, newer than what L3 holds yet
+                return True
+        current = self._l3.checksum(self.fingerprint, key)
+        with self._lock:
+            if key in self._pending:
+                return True
+            entry = self._l1.touch(key) or self._l2.touch(key)
+            if entry is not None and current is not None and entry.checksum == current:
+                return True
+            if entry is not None:
+                self._stats.stale_copies_dropped += 1
+                self._release(self._l2.pop(key))
+                self._l1.pop(key)
+        return current is not None and self._load_from_l3(key) is not None
 
     # ---- management (state routes, shutdown) ----------------------------------------------------
 
@@ -195,16 +259,24 @@ class StateCache(Generic[StateT]):
         return keys
 
     def sessions(self) -> list[CacheEntryInfo]:
-        """Every key once, at the fastest tier holding it (a queued write counts as host RAM)."""
+        """Every key once, at the fastest tier holding it (a queued write counts as host RAM). On a
+        shared L3 a session key is listed only while L3 (or this process's queued write) holds it:
+        another replica may have deleted it since this process cached it."""
+        on_l3 = self._l3.list_keys(self.fingerprint)
+        stored = {key for key, _ in on_l3}
         listed: dict[str, CacheEntryInfo] = {}
         with self._lock:
-            for key, entry in self._l1.items():
-                listed[key] = CacheEntryInfo(key, "L1", entry.last_updated)
-            for key, entry in self._l2.items():
-                listed.setdefault(key, CacheEntryInfo(key, "L2", entry.last_updated))
             for key, job in self._pending.items():
-                listed.setdefault(key, CacheEntryInfo(key, "L2", job.last_updated))
-        for key, last_updated in self._l3.list_keys(self.fingerprint):
+                listed[key] = CacheEntryInfo(key, "L2", job.last_updated)
+            for tier_name, tier in (("L1", self._l1), ("L2", self._l2)):
+                for key, entry in tier.items():
+                    if key in listed and listed[key].tier == "L1":
+                        continue
+                    if self._l3.shared and self._write_through(key) and key not in stored and key not in self._pending:
+                        continue
+                    if tier_name == "L1" or key not in listed:
+                        listed[key] = CacheEntryInfo(key, tier_name, entry.last_updated)  # type: ignore[arg-type]
+        for key, last_updated in on_l3:
             listed.setdefault(key, CacheEntryInfo(key, "L3", last_updated))
         return sorted(listed.values(), key=lambda info: info.key)
 
@@ -215,21 +287,44 @@ class StateCache(Generic[StateT]):
     def raise_counter(self, name: str, value: int) -> None:
         self._l3.raise_counter(self.fingerprint, name, value)
 
+    def acquire_turn(self, lock_name: str) -> TurnLease:
+        """The turn lock `lock_name` (runner.sessions names them), from L3: in-process for SQLite, a
+        lease every replica sees for Redis. Raises SessionBusy when it is held. Writes of keys under
+        it carry its token, so a shared L3 refuses them once the lease is lost."""
+        lease = self._l3.locks.acquire(lock_name)
+        token = getattr(lease, "token", "")
+        if token:
+            with self._lock:
+                self._fences[lock_name] = (lease, token)
+        return _FencedLease(self, lock_name, lease)
+
+    def _forget_fence(self, lock_name: str, lease: TurnLease) -> None:
+        with self._lock:
+            held = self._fences.get(lock_name)
+            if held is not None and held[0] is lease:
+                del self._fences[lock_name]
+
     def wait_persisted(self, key: str | None = None, timeout: float | None = None) -> bool:
-        """Blocks until the queued disk write of `key` (of every key when None) is committed."""
+        """Blocks until the queued write of `key` (of every key when None) is done; False on timeout.
+        Raises BackendError(503) when the newest write of `key` failed: the turn is not saved."""
         with self._changed:
             if key is None:
                 return self._changed.wait_for(lambda: not self._pending, timeout)
-            return self._changed.wait_for(lambda: key not in self._pending, timeout)
+            if not self._changed.wait_for(lambda: key not in self._pending, timeout):
+                return False
+            reason = self._failed.get(key)
+        if reason is not None:
+            raise BackendError(503, f"the state {key!r} could not be saved to {self.location}: {reason}")
+        return True
 
     def flush(self, timeout: float | None = None) -> bool:
         """Writes every memory entry that is not on disk yet and waits for the writes (shutdown)."""
         with self._lock:
             for tier in (self._l1, self._l2):
                 for key, entry in tier.items():
-                    if entry.dirty:
+                    if entry.dirty and self._on_l3(key):
                         entry.dirty = False
-                        self._enqueue(key, entry.state, entry.last_updated, entry.landed, borrowed=entry.slot is not None)
+                        self._enqueue(key, entry.state, entry.last_updated, entry.landed, borrowed=entry.slot is not None, seq=entry.seq)
         return self.wait_persisted(timeout=timeout)
 
     def close(self) -> None:
@@ -242,6 +337,7 @@ class StateCache(Generic[StateT]):
             self._closed = True
         self._queue.put(None)
         self._writer.join()
+        self._l3.locks.close()
         self._l3.close()
         if self._slab is not None:
             self._slab.close()
@@ -267,6 +363,7 @@ class StateCache(Generic[StateT]):
                 "disk_write_errors": s.disk_write_errors,
                 "corrupt_rows_dropped": s.corrupt_rows_dropped,
                 "disk_evictions": s.disk_evictions,
+                "stale_copies_dropped": s.stale_copies_dropped,
                 **counts,
             }
 
@@ -277,9 +374,9 @@ class StateCache(Generic[StateT]):
             raise RuntimeError("the state cache is closed")
 
     def _promote(
-        self, key: str, state: SerializableState, last_updated: float, *, dirty: bool, landed: torch.cuda.Event | None = None,
-        leaving: CachedEntry | None = None,
-    ) -> SerializableState:
+        self, key: str, state: Any, last_updated: float, *, dirty: bool, landed: torch.cuda.Event | None = None,
+        leaving: CachedEntry | None = None, checksum: str | None = None, seq: int = 0,
+    ) -> Any:
         if landed is not None and self.device.type == "cuda":
             torch.cuda.current_stream(self.device).wait_event(landed)  # the device waits, not this thread
         elif landed is not None:
@@ -287,8 +384,10 @@ class StateCache(Generic[StateT]):
         on_device = copy_state(state, self.device)
         # The copy out of the L2 entry's slot is issued; a later copy into that slot is ordered after
         # it on the stream, so the slot is free for the demotion this promotion may cause.
+        if leaving is not None:
+            checksum, seq = leaving.checksum, leaving.seq
         self._release(leaving)
-        self._l1.insert(key, CachedEntry(on_device, state_nbytes(on_device), last_updated, dirty=dirty))
+        self._l1.insert(key, CachedEntry(on_device, state_nbytes(on_device), last_updated, dirty=dirty, checksum=checksum, seq=seq))
         self._rebalance()
         return copy_state(on_device, self.device)
 
@@ -299,7 +398,7 @@ class StateCache(Generic[StateT]):
                 self._l2.insert(key, demoted)
             elif entry.dirty:  # no host slot: a prefix state is dropped (a session state is on disk)
                 self._stats.prefix_dropped += 1
-        for _key, entry in list(self._l2.evict_over_budget()):
+        for key, entry in list(self._l2.evict_over_budget()):
             # Only prefix-cache entries are dirty (sessions are written through). One falling out of
             # host memory is dropped, not written: under load that would mean gigabytes of disk
             # writes (32 MB a state at 7.2B) to save a recomputable prefill.
@@ -315,7 +414,7 @@ class StateCache(Generic[StateT]):
         prompt-end state each) cut the chat route's prefill rate 4-6x on the H200. From a GPU the
         state is copied into a slot of the page-locked slab without waiting."""
         if self.device == _CPU:
-            return CachedEntry(entry.state, entry.nbytes, entry.last_updated, dirty=entry.dirty, landed=entry.landed)
+            return CachedEntry(entry.state, entry.nbytes, entry.last_updated, dirty=entry.dirty, landed=entry.landed, checksum=entry.checksum, seq=entry.seq)
         slab = self._slab
         if slab is None or not slab.fits(entry.state):
             return None
@@ -329,7 +428,9 @@ class StateCache(Generic[StateT]):
             return None
         host_state = slab.view(slot, entry.state)
         landed = copy_into(entry.state, host_state)
-        return CachedEntry(host_state, entry.nbytes, entry.last_updated, dirty=entry.dirty, landed=landed, slot=slot)
+        return CachedEntry(
+            host_state, entry.nbytes, entry.last_updated, dirty=entry.dirty, landed=landed, slot=slot, checksum=entry.checksum, seq=entry.seq
+        )
 
     def _release(self, entry: CachedEntry | None) -> None:
         """An entry left L2: its slab slot is free again."""
@@ -338,7 +439,7 @@ class StateCache(Generic[StateT]):
             entry.slot = None
 
     def _enqueue(
-        self, key: str, state: SerializableState, last_updated: float, landed: torch.cuda.Event | None = None, borrowed: bool = False
+        self, key: str, state: Any, last_updated: float, landed: torch.cuda.Event | None = None, borrowed: bool = False, seq: int = 0
     ) -> None:
         if borrowed:  # it lives in a slab slot that may be reused before the writer reads it (flush only)
             if landed is not None:
@@ -348,9 +449,14 @@ class StateCache(Generic[StateT]):
             host_state = state
         else:
             host_state, landed = copy_to_host(state)  # the writer thread waits for it, not the caller
-        job = _WriteJob(key, host_state, last_updated, landed)
+        job = _WriteJob(key, host_state, last_updated, landed, seq, self._fence_of(key))
         self._pending[key] = job
         self._queue.put(job)
+
+    def _fence_of(self, key: str) -> Fence | None:
+        lock_name = turn_lock_of(key)
+        held = None if lock_name is None else self._fences.get(lock_name)
+        return None if held is None or lock_name is None else Fence(lock_name, held[1])
 
     def _write_loop(self) -> None:
         while (job := self._queue.get()) is not None:
@@ -361,26 +467,44 @@ class StateCache(Generic[StateT]):
                     if current:
                         if job.landed is not None:
                             job.landed.synchronize()
-                        evicted = self._l3.write(self.fingerprint, self._encode(job))
-                        self._after_disk_write(evicted)
-            except Exception:
-                logger.exception("state cache: writing %r to %s failed; it stays in memory only", job.key, self.path)
-                with self._lock:
-                    self._stats.disk_write_errors += 1
-                    self._mark_dirty(job.key)
+                        record = self._encode(job)
+                        evicted = self._l3.write(self.fingerprint, record, job.fence)
+                        self._after_disk_write(job, record.checksum, evicted)
+            except Exception as error:
+                self._after_failed_write(job, error)
             finally:
                 with self._changed:
                     if self._pending.get(job.key) is job:
                         del self._pending[job.key]
                     self._changed.notify_all()
 
-    def _after_disk_write(self, evicted: list[tuple[str, str]]) -> None:
+    def _after_disk_write(self, job: _WriteJob, checksum: str, evicted: list[tuple[str, str]]) -> None:
         with self._lock:
             self._stats.disk_writes += 1
             self._stats.disk_evictions += len(evicted)
+            for tier in (self._l1, self._l2):
+                entry = tier.touch(job.key)
+                if entry is not None and entry.seq == job.seq:
+                    entry.checksum = checksum
             for fingerprint, key in evicted:
                 if fingerprint == self.fingerprint:
                     self._mark_dirty(key)  # still in memory: written again on flush
+
+    def _after_failed_write(self, job: _WriteJob, error: BaseException) -> None:
+        with self._lock:
+            self._stats.disk_write_errors += 1
+            if not self._write_through(job.key):
+                logger.exception("state cache: writing %r to %s failed; it stays in memory only", job.key, self.location)
+                self._mark_dirty(job.key)
+                return
+            # A turn's state that L3 does not hold must not be served either: the client is told
+            # the turn failed (wait_persisted raises), so the session goes on from what L3 holds.
+            logger.error("state cache: writing %r to %s failed: %s", job.key, self.location, error)
+            self._failed[job.key] = str(error) or type(error).__name__
+            for tier in (self._l1, self._l2):
+                entry = tier.touch(job.key)
+                if entry is not None and entry.seq == job.seq:
+                    self._release(tier.pop(job.key))
 
     def _mark_dirty(self, key: str) -> None:
         for tier in (self._l1, self._l2):
@@ -418,7 +542,7 @@ class StateCache(Generic[StateT]):
             last_updated=job.last_updated,
         )
 
-    def _decode(self, record: StoredRecord) -> StateT | None:
+    def _decode(self, record: StoredRecord) -> Any | None:
         """The state of a row, or None (and the row dropped) when the row is corrupt."""
         problem: str | None = None
         state = None
@@ -434,11 +558,11 @@ class StateCache(Generic[StateT]):
                     problem = f"layout {state_layout(state)} differs from the stored {record.layout}"
         if problem is None:
             return state
-        logger.warning("state cache: dropping corrupt row %r from %s: %s", record.key, self.path, problem)
+        logger.warning("state cache: dropping corrupt row %r from %s: %s", record.key, self.location, problem)
         self._stats.corrupt_rows_dropped += 1
         self._l3.delete_if_unchanged(self.fingerprint, record.key, record.checksum)
         return None
 
 
-def _on_cpu(state: SerializableState) -> bool:
+def _on_cpu(state: Any) -> bool:
     return all(t.device.type == "cpu" for t in tensor_fields(state).values())
