@@ -54,6 +54,23 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _positive_seconds(text: str) -> float:
+    value = float(text)
+    if not value > 0 or value == float("inf"):
+        raise ValueError(f"must be a number of seconds > 0, got {text!r}")
+    return value
+
+
+STATE_STORE_SCHEMES = ("sqlite:///", "redis://", "rediss://", "unix://")  # albatross_engine.state_cache.store_url reads them
+
+
+def _state_store_url(text: str) -> str:
+    url = text.strip()
+    if not url.startswith(STATE_STORE_SCHEMES) or url == "sqlite:///":
+        raise ValueError("use sqlite:///relative.sqlite3, sqlite:////absolute.sqlite3 or redis://HOST:PORT/DB")
+    return url
+
+
 def _port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
@@ -80,6 +97,9 @@ class ServerSettings:
     state_l1_bytes: int = 2 * GIB
     state_l2_bytes: int = 8 * GIB
     state_l3_bytes: int = 64 * GIB
+    state_store: str | None = None  # a URL (store_url.py); None: SQLite at state_cache_path
+    state_lock_lease: float = 30.0  # seconds a dead replica's session lock outlives it (Redis)
+    drain_timeout: float = 30.0  # seconds running streams get after SIGTERM
     cors_origins: tuple[str, ...] = ()
     log_level: str = "info"
 
@@ -122,6 +142,14 @@ _FLAGS: tuple[_Flag, ...] = (
     _Flag("state_l1_bytes", "state cache budget in device memory", _parse_byte_size),
     _Flag("state_l2_bytes", "state cache budget in host memory", _parse_byte_size),
     _Flag("state_l3_bytes", "state cache budget on disk", _parse_byte_size),
+    _Flag(
+        "state_store",
+        "where sessions and dialogue nodes are stored: sqlite:///path.sqlite3 (default: --state-cache-path) "
+        "or redis://HOST:PORT/DB, shared by replicas",
+        _state_store_url,
+    ),
+    _Flag("state_lock_lease", "seconds a session lock in Redis outlives a replica that died holding it", _positive_seconds),
+    _Flag("drain_timeout", "seconds running requests get to finish after SIGTERM before they end with an error", _positive_seconds),
     _Flag("cors_origins", "comma-separated origins allowed by CORS ('*' for any)"),
     _Flag("log_level", "uvicorn log level"),
 )
