@@ -10,6 +10,7 @@ import uvicorn
 
 from runner.app import create_app
 from runner.context import app_context
+from runner.drain import ENDING_GRACE_S, DrainingServer
 from runner.settings import settings_from_args
 
 
@@ -18,7 +19,9 @@ def main(argv: list[str] | None = None) -> None:
     logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     os.environ.setdefault("RWKV_V7_ON", "1")  # the official rwkv package reads this at import time
     app = create_app(settings)
-    server = uvicorn.Server(uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level))
+    # After the drain every request has ended: uvicorn's own wait for connections is only a backstop.
+    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level, timeout_graceful_shutdown=int(ENDING_GRACE_S))
+    server = DrainingServer(config, app)
 
     def request_exit() -> None:
         server.should_exit = True

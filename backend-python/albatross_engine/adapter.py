@@ -124,6 +124,15 @@ class AlbatrossRWKV(AbstractRWKV):
         if torch.cuda.is_available():
             torch.cuda.empty_cache()
 
+    def health(self) -> str | None:
+        core = self._core
+        if core is None:
+            return "the albatross engine is shut down"
+        dead = [str(w.index) for w in core.workers if not w.alive]
+        if not core.running or dead:
+            return core.dead_reason or f"albatross worker(s) {', '.join(dead)} stopped"
+        return None
+
     @property
     def core(self) -> EngineCore:
         if self._core is None:

@@ -20,6 +20,7 @@ from starlette.middleware.cors import CORSMiddleware
 from runner.auth import PasswordMiddleware
 from runner.backends import BACKENDS, BackendEntry, default_strategy
 from runner.context import AppContext, app_context
+from runner.drain import Drain, DrainMiddleware
 from runner.errors import install_error_handlers
 from runner.limits import BodySizeLimitMiddleware
 from runner.metrics import ServerMetrics
@@ -39,6 +40,7 @@ ROUTE_MODULES: tuple[str, ...] = (
     "runner.routes.metrics",
     "runner.routes.native",
     "runner.routes.state_sessions",
+    "runner.routes.health",
 )
 
 
@@ -90,6 +92,7 @@ def create_app(
         metrics=ServerMetrics(),
         deploy_mode=settings.deploy,
     )
+    app.state.drain = Drain(settings.drain_timeout)
     install_error_handlers(app)
     app.state.route_modules = include_route_modules(app, route_modules)
     static.install(app, settings)  # last: the GUI mount at / must not shadow API routes
@@ -105,4 +108,5 @@ def create_app(
             allow_methods=["*"],
             allow_headers=["*"],
         )
+    app.add_middleware(DrainMiddleware, drain=app.state.drain)  # outermost: it sees every request
     return app

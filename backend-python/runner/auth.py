@@ -18,7 +18,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from runner.limits import send_json_error
 
-OPEN_PATHS = frozenset({"/", "/healthz"})
+OPEN_PATHS = frozenset({"/", "/healthz", "/readyz"})
 JSON_BODY_STATE_KEY = "json_body"  # request.state.json_body: the body the middleware already parsed
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH", "DELETE"})
 

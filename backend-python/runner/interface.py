@@ -184,5 +184,9 @@ class AbstractRWKV(abc.ABC):
         """Backend-specific fields merged into GET /status under `effective`."""
         return {}
 
+    def health(self) -> str | None:
+        """None while the backend can serve (every worker alive), else why not (GET /readyz)."""
+        return None
+
     def shutdown(self) -> None:
         """Stop threads and release device memory. Called before another model loads."""

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from runner_fakes import ScriptedBackend, make_app, settings_with
 
 PASSWORD = "s3cret-password"
-OPEN_ROUTES = {("GET", "/"), ("GET", "/healthz")}
+OPEN_ROUTES = {("GET", "/"), ("GET", "/healthz"), ("GET", "/readyz")}
 
 
 def every_route(app: FastAPI) -> list[tuple[str, str]]:
