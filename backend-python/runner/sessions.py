@@ -110,7 +110,8 @@ class SessionBusy(Exception):
 
 
 class TurnLease(Protocol):
-    """A turn lock held. `release()` is idempotent and never blocks (a finalizer may call it)."""
+    """A turn lock held. `release()` is idempotent. On an event loop it never blocks (a finalizer
+    may call it) and may complete a moment later; from a thread the lock is free once it returns."""
 
     def release(self) -> None: ...
 

@@ -94,7 +94,8 @@ def test_two_replicas_share_sessions_locks_and_survive_a_killed_replica_and_a_re
     assert root.status_code == 200 and root.json()["dialogue_idx"] == 1
     with a.client.stream("POST", "/state/chat/completions", json={"session_id": "held", "contents": ["x"], "max_tokens": 4000, "stream": True}) as busy:
         assert busy.status_code == 200
-        next(busy.iter_lines())  # the turn runs on A and holds the session's lock
+        lines = busy.iter_lines()  # kept: a discarded iterator closes the stream (an abort)
+        next(lines)  # the turn runs on A and holds the session's lock
         refused = b.turn("held", "y")
         assert refused.status_code == 409, f"a session busy on one replica must be 409 on the other: {refused.text}"
         a.kill()

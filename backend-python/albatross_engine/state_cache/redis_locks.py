@@ -5,12 +5,15 @@ every third of the lease, so a live replica keeps it however long the turn takes
 replica's lock expires within one lease (default 30 s, `--state-lock-lease`). The token fences the
 turn's writes (redis_tier.py): once a lease is lost, its turn can no longer store a state that a
 newer turn may have superseded. Release and renewal compare the token first (a lock that expired
-and was taken by another replica is never removed by the old holder), and release never blocks its
-caller: it is queued for the keeper thread, so a route's finalizer cannot stall on a dead Redis.
+and was taken by another replica is never removed by the old holder). Released from a plain thread,
+a lock is gone when `release()` returns (a route releases it that way before its reply, so the
+client's next turn never meets it); released on an event loop (a finalizer), it is queued for the
+keeper thread, so the loop cannot stall on a dead Redis.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import secrets
 import threading
@@ -49,7 +52,7 @@ class RedisLease:
     def release(self) -> None:
         if not self.released:
             self.released = True
-            self._owner._queue_release(self)
+            self._owner._release_lease(self)
 
 
 class RedisTurnLocks:
@@ -83,7 +86,14 @@ class RedisTurnLocks:
             self._start_keeper()
         return lease
 
-    def _queue_release(self, lease: RedisLease) -> None:
+    def _release_lease(self, lease: RedisLease) -> None:
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # a plain thread: release now
+            with self._wake:
+                self._held.pop(lease.token, None)
+            self._try(lambda: self._release(keys=[self.key_of(lease.name)], args=[lease.token]), "release", lease)
+            return
         with self._wake:
             self._held.pop(lease.token, None)
             self._releases.append(lease)

@@ -99,6 +99,7 @@ async def state_chat(request: Request) -> Response:
 
     async def saved() -> dict[str, Any] | None:
         await _wait_on_disk(store, key, session_id)
+        await asyncio.to_thread(reservation.release)  # free before the reply: the next turn may follow at once
         return None
 
     spec = NativeSpec([continued_prompt(prompt) if continuing else prompt], body.sampling(), body.model, STATE_ID, body.stream, body.chunk_size, state=state)
@@ -128,6 +129,7 @@ async def multi_state_chat(request: Request) -> Response:
     async def saved() -> dict[str, Any]:
         await _wait_on_disk(store, node.key, node.public)
         await asyncio.to_thread(store.raise_counter, dialogue_counter_name(session_id), number)
+        await asyncio.to_thread(reservation.release)  # free before the reply: the next turn may follow at once
         return {"dialogue_idx": number}
 
     def stream_event(fields: dict[str, Any]) -> dict[str, Any]:
