@@ -82,6 +82,14 @@ export class ApiClient {
   }
 }
 
+/** The header replicas behind a balancer or Ray Serve route sessions by (docs/api.md). */
+export const SESSION_HEADER = "X-Session-Id";
+
+/** A body naming a state session (`session_id`) also names it in SESSION_HEADER, so that every turn
+ * reaches the replica that holds the session's state in memory. */
 function jsonInit(body: unknown, signal?: AbortSignal): RequestInit {
-  return { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body), signal };
+  const headers: Record<string, string> = { "Content-Type": "application/json" };
+  const sessionId = typeof body === "object" && body !== null ? (body as { session_id?: unknown }).session_id : undefined;
+  if (typeof sessionId === "string" && sessionId !== "") headers[SESSION_HEADER] = sessionId;
+  return { method: "POST", headers, body: JSON.stringify(body), signal };
 }

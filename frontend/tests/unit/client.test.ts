@@ -1,5 +1,5 @@
 import { describe, expect, it } from "vitest";
-import { ApiClient, PASSWORD_KEY, type KeyValueStore } from "../../src/api/client";
+import { ApiClient, PASSWORD_KEY, SESSION_HEADER, type KeyValueStore } from "../../src/api/client";
 import { ApiError, AuthCancelledError, errorMessageFromBody } from "../../src/api/errors";
 
 class MemoryStore implements KeyValueStore {
@@ -91,5 +91,20 @@ describe("errorMessageFromBody", () => {
     ["plain text failure", "plain text failure"],
   ])("reads %s", (body, message) => {
     expect(errorMessageFromBody(body)).toBe(message);
+  });
+});
+
+describe("ApiClient session routing", () => {
+  it("names a state session in X-Session-Id and sends no such header otherwise", async () => {
+    const sent: (string | null)[] = [];
+    const server: typeof fetch = async (_input, init) => {
+      sent.push(new Headers(init?.headers).get(SESSION_HEADER));
+      return new Response(JSON.stringify({ ok: true }), { status: 200 });
+    };
+    const client = new ApiClient("", new MemoryStore(), async () => null, server);
+    await client.postJson("/state/chat/completions", { session_id: "chat-7", contents: ["hi"] });
+    await client.postForStream("/multi_state/chat/completions", { session_id: "tree", dialogue_idx: 0, contents: ["hi"] }, new AbortController().signal);
+    await client.postJson("/v1/chat/completions", { messages: [] });
+    expect(sent).toEqual(["chat-7", "tree", null]);
   });
 });
