@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import signal
+import socket
 import time
 from collections.abc import Awaitable, Callable
 from types import FrameType
@@ -204,7 +205,7 @@ class DrainingServer(uvicorn.Server):
         self._drain_requested = False
         self._drain_task: asyncio.Future[None] | None = None
 
-    async def startup(self, sockets: list | None = None) -> None:  # type: ignore[override]
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
 

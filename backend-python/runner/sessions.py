@@ -169,7 +169,7 @@ def session_store_of(backend: object) -> SessionStateStore | None:
     store = getattr(backend, "state_store", None)
     if store is None or not all(callable(getattr(store, name, None)) for name in _MANAGEMENT_METHODS):
         return None
-    return store  # type: ignore[no-any-return]
+    return store
 
 
 LEGACY_NODE = re.compile(r"(?s)(.*):([0-9]+)")

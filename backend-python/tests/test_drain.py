@@ -26,7 +26,7 @@ from runner.context import app_context
 from runner.drain import DrainingServer
 from runner.interface import GenerationRequest
 from runner.model_manager import ModelStatus
-from runner_fakes import ScriptedBackend, install_backend, make_app, settings_with, sse_payloads
+from runner_fakes import ScriptedBackend, install_backend, make_app, settings_with
 
 BACKEND_DIR = Path(__file__).resolve().parents[1]
 

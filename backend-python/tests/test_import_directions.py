@@ -12,10 +12,13 @@ ROOT = Path(__file__).resolve().parents[1]
 # package -> the packages (or modules) of ours it may import at run time
 ALLOWED = {
     "albatross": {"albatross"},
-    "albatross_engine": {"albatross", "albatross_engine", "runner.interface", "runner.backends"},
+    # runner.sessions: the state key spaces and the turn-lock contract the state store implements.
+    "albatross_engine": {"albatross", "albatross_engine", "runner.interface", "runner.backends", "runner.sessions"},
+    # The Ray Serve deployment sits on top: it builds the runner's app and reads the engine's strategy.
+    "albatross_serve": {"albatross_serve", "runner", "albatross_engine.config"},
     "runner": {"runner", "albatross.tokenizer", "albatross.detokenizer", "albatross.stopping", "albatross.sampler", "albatross.constraints"},
 }
-OURS = ("albatross", "albatross_engine", "runner")
+OURS = ("albatross", "albatross_engine", "albatross_serve", "runner")
 
 
 def runtime_imports(path: Path) -> set[str]:

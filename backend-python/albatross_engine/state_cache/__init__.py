@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from albatross.state import SlotState
 from albatross_engine.state_cache.records import CacheEntryInfo, Tier
 from albatross_engine.state_cache.store_url import StoreLocation, open_durable_tier, parse_store_url
 from albatross_engine.state_cache.tiered_cache import PREFIX_CACHE_KEY_PREFIX, StateCache, is_session_key
@@ -17,7 +18,7 @@ DEFAULT_L3_BYTES = 32 << 30
 DEFAULT_LOCK_LEASE_S = 30.0
 
 
-def build_state_cache(settings: Any, fingerprint: str, device: str | torch.device) -> StateCache:
+def build_state_cache(settings: Any, fingerprint: str, device: str | torch.device) -> StateCache[SlotState]:
     """The cache a backend uses, sized by the server settings: `state_store` (a URL, see
     store_url.py; None: SQLite at `state_cache_path`), `state_l1_bytes`, `state_l2_bytes`,
     `state_l3_bytes`, `state_lock_lease`. A setting that is absent or None keeps the default."""

@@ -32,9 +32,16 @@ class TurnLocks(Protocol):
 
 
 class DurableTier(Protocol):
-    shared: bool
-    location: str  # for log lines and error messages (a path, or a URL without its password)
-    locks: TurnLocks
+    @property
+    def shared(self) -> bool: ...
+
+    @property
+    def location(self) -> str:
+        """For log lines and error messages (a path, or a URL without its password)."""
+        ...
+
+    @property
+    def locks(self) -> TurnLocks: ...
 
     def write(self, fingerprint: str, record: StoredRecord, fence: Fence | None = None) -> list[tuple[str, str]]:
         """Stores the record and evicts the oldest (any model) past the budget, atomically.

@@ -14,6 +14,7 @@ keeper thread, so the loop cannot stall on a dead Redis.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import secrets
 import threading
@@ -92,7 +93,7 @@ class RedisTurnLocks:
         except RuntimeError:  # a plain thread: release now
             with self._wake:
                 self._held.pop(lease.token, None)
-            self._try(lambda: self._release(keys=[self.key_of(lease.name)], args=[lease.token]), "release", lease)
+            self._try(functools.partial(self._release_script, lease), "release", lease)
             return
         with self._wake:
             self._held.pop(lease.token, None)
@@ -112,18 +113,22 @@ class RedisTurnLocks:
                 held = list(self._held.values())
                 closed = self._closed
             for lease in releases:
-                self._try(lambda lease=lease: self._release(keys=[self.key_of(lease.name)], args=[lease.token]), "release", lease)
+                self._try(functools.partial(self._release_script, lease), "release", lease)
             if closed:
                 return
             for lease in held:
-                renewed = self._try(
-                    lambda lease=lease: self._renew(keys=[self.key_of(lease.name)], args=[lease.token, int(self.lease_s * 1000)]), "renew", lease
-                )
+                renewed = self._try(functools.partial(self._renew_script, lease), "renew", lease)
                 if renewed == 0 and not lease.released:
                     lease.lost = True
                     logger.error("turn lock %r expired while its turn ran (Redis unreachable for a whole lease?)", lease.name)
                     with self._wake:
                         self._held.pop(lease.token, None)
+
+    def _release_script(self, lease: RedisLease) -> Any:
+        return self._release(keys=[self.key_of(lease.name)], args=[lease.token])
+
+    def _renew_script(self, lease: RedisLease) -> Any:
+        return self._renew(keys=[self.key_of(lease.name)], args=[lease.token, int(self.lease_s * 1000)])
 
     def _try(self, operation: Callable[[], Any], what: str, lease: RedisLease) -> Any:
         try:

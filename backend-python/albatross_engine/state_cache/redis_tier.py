@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import redis
 
@@ -121,7 +121,9 @@ class RedisTier:
             raise ValueError("the L3 budget must be >= 0 bytes")
         self.budget_bytes = budget_bytes
         self.location = redacted(url)
-        self._client = client or redis.Redis.from_url(
+        # Any: redis-py types every reply as bytes | str | ... whatever the connection decodes; ours
+        # never decodes (payloads are binary), so replies are bytes, ints and lists of them.
+        self._client: Any = client or redis.Redis.from_url(
             url, socket_connect_timeout=CONNECT_TIMEOUT_S, socket_timeout=SOCKET_TIMEOUT_S, health_check_interval=30
         )
         self._write_script = self._client.register_script(_WRITE)
@@ -168,7 +170,7 @@ class RedisTier:
     def write(self, fingerprint: str, record: StoredRecord, fence: Fence | None = None) -> list[tuple[str, str]]:
         lock_key = self.locks.key_of(fence.lock_name) if fence is not None else self._BYTES  # any key: unused unfenced
         keys = [self._state(fingerprint, record.key), self._index(fingerprint), self._AGE, self._BYTES, lock_key]
-        args = [
+        args: list[Any] = [
             fingerprint, _text(record.key), record.layout, record.dtype, record.nbytes, record.checksum, record.payload,
             repr(record.last_updated), self.budget_bytes, fence.token if fence is not None else "", NAMESPACE,
         ]
@@ -223,7 +225,7 @@ class RedisTier:
 
     def _delete(self, fingerprint: str, key: str, required_checksum: str) -> int:
         keys = [self._state(fingerprint, key), self._index(fingerprint), self._AGE, self._BYTES]
-        args = [_text(key), self._member(fingerprint, key), required_checksum]
+        args: list[Any] = [_text(key), self._member(fingerprint, key), required_checksum]
         return int(self._call("a state delete", lambda: self._delete_script(keys=keys, args=args)))
 
     # ---- counters ---------------------------------------------------------------------------------

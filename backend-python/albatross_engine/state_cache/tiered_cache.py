@@ -30,8 +30,9 @@ import queue
 import threading
 import time
 from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Generic, cast
 
 import torch
 
@@ -41,6 +42,8 @@ from albatross_engine.state_cache.memory_tier import LruTier
 from albatross_engine.state_cache.records import (
     CacheEntryInfo,
     CachedEntry,
+    SerializableState,
+    StateT,
     StoredRecord,
     checksum,
     copy_into,
@@ -52,12 +55,10 @@ from albatross_engine.state_cache.records import (
     tensor_fields,
 )
 from albatross_engine.state_cache.sqlite_tier import SqliteTier
-from runner.interface import BackendError
+from runner.interface import PREFIX_CACHE_KEY_PREFIX, BackendError
 from runner.sessions import TurnLease, turn_lock_of
 
 logger = logging.getLogger(__name__)
-
-PREFIX_CACHE_KEY_PREFIX = "prefix:"
 
 _CPU = torch.device("cpu")
 
@@ -67,7 +68,7 @@ def is_session_key(key: str) -> bool:
     return not key.startswith(PREFIX_CACHE_KEY_PREFIX)
 
 
-def _default_state_type() -> type:
+def _default_state_type() -> type[SerializableState]:
     from albatross.state import SlotState
 
     return SlotState
@@ -76,7 +77,7 @@ def _default_state_type() -> type:
 @dataclass(slots=True)
 class _WriteJob:
     key: str
-    state: Any  # a private CPU copy, never mutated
+    state: SerializableState  # a private CPU copy, never mutated
     last_updated: float
     landed: torch.cuda.Event | None = None  # the copy is complete once this has (None: already)
     seq: int = 0  # the put it comes from (CachedEntry.seq)
@@ -111,7 +112,9 @@ class _FencedLease:
         self._lease.release()
 
 
-class StateCache:
+class StateCache(Generic[StateT]):
+    """States of one type (`state_type`, default `SlotState`) keyed by text, for one model."""
+
     def __init__(
         self,
         store: str | Path | DurableTier,
@@ -121,7 +124,7 @@ class StateCache:
         l1_bytes: int = 1 << 30,
         l2_bytes: int = 4 << 30,
         l3_bytes: int = 32 << 30,
-        state_type: type | None = None,
+        state_type: type[StateT] | None = None,
         write_through: Callable[[str], bool] = is_session_key,
     ) -> None:
         if not fingerprint:
@@ -130,7 +133,8 @@ class StateCache:
         self.device = torch.device(device)
         self._l3: DurableTier = SqliteTier(Path(store), l3_bytes) if isinstance(store, (str, Path)) else store
         self.location = self._l3.location
-        self._state_type = state_type if state_type is not None else _default_state_type()
+        # Every state held here was put as, or decoded into, this type (hence the casts in get).
+        self._state_type = cast("type[StateT]", state_type if state_type is not None else _default_state_type())
         self._write_through = write_through
         self._l1 = LruTier(l1_bytes)
         self._l2 = LruTier(l2_bytes)
@@ -398,7 +402,7 @@ class StateCache:
                 self._l2.insert(key, demoted)
             elif entry.dirty:  # no host slot: a prefix state is dropped (a session state is on disk)
                 self._stats.prefix_dropped += 1
-        for key, entry in list(self._l2.evict_over_budget()):
+        for _key, entry in list(self._l2.evict_over_budget()):
             # Only prefix-cache entries are dirty (sessions are written through). One falling out of
             # host memory is dropped, not written: under load that would mean gigabytes of disk
             # writes (32 MB a state at 7.2B) to save a recomputable prefill.

@@ -1,4 +1,4 @@
-"""State sessions (rwkv_lightning API, see API.md): a conversation that continues a saved RWKV state
+"""State sessions (rwkv_lightning API, see docs/api.md): a conversation that continues a saved RWKV state
 (`/state/chat/completions`), immutable dialogue nodes that can branch (`/multi_state/...`), and
 listing / deleting saved states.
 
@@ -15,7 +15,7 @@ import asyncio
 from datetime import datetime
 from typing import Any
 
-from fastapi import APIRouter, FastAPI, Request
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from runner.context import context
