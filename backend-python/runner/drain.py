@@ -145,7 +145,15 @@ class DrainMiddleware:
         try:
             await asyncio.wait({task, expired}, return_when=asyncio.FIRST_COMPLETED)
         except asyncio.CancelledError:
+            # The server cancelled the request (its client left, or shutdown): the app's own cleanup
+            # (aborting its generation, releasing its session) finishes before the request ends.
+            # (A cancel scope, as in anyio's, cancels again at every await: wait through those.)
             task.cancel()
+            while not task.done():
+                try:
+                    await asyncio.wait({task})
+                except asyncio.CancelledError:
+                    pass
             raise
         finally:
             expired.cancel()

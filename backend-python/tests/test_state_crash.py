@@ -19,6 +19,7 @@ import httpx
 import pytest
 
 from albatross.state import SlotState
+from runner.sessions import node_key, session_key
 
 BACKEND_DIR = Path(__file__).resolve().parents[1]
 
@@ -82,7 +83,7 @@ def test_sigkill_during_a_burst_keeps_every_completed_turn_and_no_partial_one(ti
                 if reply.status_code == 200:
                     node = reply.json()["dialogue_idx"]
                     with lock:
-                        completed_nodes.append(f"{session}:{node}")
+                        completed_nodes.append(node_key(session, node))
 
     try:
         wait_until_serving(base_url, process)
@@ -114,7 +115,7 @@ def test_sigkill_during_a_burst_keeps_every_completed_turn_and_no_partial_one(ti
     for key, (payload, digest) in rows.items():
         assert hashlib.sha256(payload).hexdigest() == digest, f"row {key!r} is partial or corrupt"
         SlotState.from_bytes(payload)  # decodes whole
-    missing_sessions = sorted(session for session in completed_sessions if session not in rows)
+    missing_sessions = sorted(session for session in completed_sessions if session_key(session) not in rows)
     assert missing_sessions == [], f"sessions with a completed turn but no saved state: {missing_sessions}"
     missing_nodes = sorted(node for node in completed_nodes if node not in rows)
     assert missing_nodes == [], f"dialogue nodes the client was given but the database lost: {missing_nodes}"
