@@ -205,3 +205,14 @@ def test_redis_down_fails_state_calls_with_503_and_prefix_states_keep_working(re
     redis_server.start()  # the outage ends: the client reconnects by itself
     assert a.contains(session_key("s"))
     assert not a.contains(session_key("t")), "the turn whose write failed was never stored"
+
+
+def test_the_store_lease_and_drain_flags_parse_with_their_environment_twins() -> None:
+    from runner.settings import settings_from_args
+
+    settings = settings_from_args([], environ={"RWKV_STATE_STORE": "redis://127.0.0.1:6379/1", "RWKV_STATE_LOCK_LEASE": "12.5"})
+    assert (settings.state_store, settings.state_lock_lease, settings.drain_timeout) == ("redis://127.0.0.1:6379/1", 12.5, 30.0)
+    assert settings_from_args(["--state-store", "sqlite:////var/a.sqlite3", "--drain-timeout", "5"], environ={}).drain_timeout == 5.0
+    for argv in (["--state-store", "postgres://x"], ["--state-store", "sqlite:///"], ["--drain-timeout", "0"], ["--state-lock-lease", "-1"]):
+        with pytest.raises(SystemExit):
+            settings_from_args(argv, environ={})
