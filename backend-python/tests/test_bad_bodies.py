@@ -141,3 +141,88 @@ def test_a_streamed_10_mb_body_without_length_is_cut_off_at_the_limit() -> None:
         except (httpx.WriteError, httpx.RemoteProtocolError, httpx.ReadError):
             pass  # the server may close the connection while the client is still writing: also a refusal
         assert httpx.post(base_url + CHAT, json={"messages": HI}).status_code == 200
+
+
+# Numeric ranges and stop-string caps: refused at the route, before anything reaches a backend.
+
+NATIVE_ROUTES = ("/v2/chat/completions", "/big_batch/completions", "/state/chat/completions")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("top_k", 2**63),
+        ("top_k", 2**31),
+        ("presence_penalty", 1e308),
+        ("frequency_penalty", -1e30),
+        ("seed", 2**64),
+        ("seed", -(2**63) - 1),
+        ("stop_token_ids", [2**40]),
+        ("stop_token_ids", [-1]),
+    ],
+)
+def test_out_of_range_numbers_are_422_naming_the_field(client: TestClient, field: str, value: object) -> None:
+    for route, body in ((CHAT, {"messages": HI}), ("/v1/completions", {"prompt": "x"})):
+        assert_error(client.post(route, json={**body, field: value}), 422, field)
+    assert_still_serving(client)
+
+
+@pytest.mark.parametrize(("field", "value"), [("top_k", 2**63), ("alpha_presence", 1e300), ("alpha_frequency", -1e300)])
+def test_out_of_range_native_numbers_are_422_naming_the_field(client: TestClient, field: str, value: object) -> None:
+    for route in (CHAT, *NATIVE_ROUTES):
+        body = {"contents": ["hi"], "session_id": "s", field: value}
+        assert_error(client.post(route, json=body), 422, field)
+    assert_still_serving(client)
+
+
+def test_dialogue_index_beyond_64_bits_is_422(client: TestClient) -> None:
+    body = {"contents": ["hi"], "session_id": "s", "dialogue_idx": 2**64}
+    assert_error(client.post("/multi_state/chat/completions", json=body), 422, "dialogue_idx")
+
+
+def test_too_many_or_too_long_stop_strings_are_400_naming_the_limit(client: TestClient) -> None:
+    from runner.limits import MAX_STOP_LENGTH, MAX_STOP_STRINGS
+
+    many = [f"s{i}" for i in range(MAX_STOP_STRINGS + 1)]
+    long = "x" * (MAX_STOP_LENGTH + 1)
+    for route, field, body in (
+        (CHAT, "stop", {"messages": HI}),
+        ("/v1/completions", "stop", {"prompt": "x"}),
+        ("/openai/v1/chat/completions", "stop", {"messages": HI}),
+        (CHAT, "stop_tokens", {"contents": ["hi"]}),
+        ("/v2/chat/completions", "stop_tokens", {"contents": ["hi"]}),
+        ("/big_batch/completions", "stop_tokens", {"contents": ["hi"]}),
+        ("/state/chat/completions", "stop_tokens", {"contents": ["hi"], "session_id": "s"}),
+    ):
+        too_many = client.post(route, json={**body, field: many})
+        assert_error(too_many, 400, f"at most {MAX_STOP_STRINGS} stop strings")
+        assert too_many.json()["error"]["param"] == field
+        assert_error(client.post(route, json={**body, field: long}), 400, f"{MAX_STOP_LENGTH} characters")
+        assert_error(client.post(route, json={**body, field: [long]}), 400, f"{MAX_STOP_LENGTH} characters")
+    assert_still_serving(client)
+
+
+def test_a_one_megabyte_native_stop_string_is_refused_without_growing_the_server(client: TestClient) -> None:
+    """It took the server to 18.8 GB (every prefix of the stop was stored)."""
+    reply = client.post("/v2/chat/completions", json={"contents": ["hi"], "stop_tokens": ["y" * (1024 * 1024)]})
+    assert_error(reply, 400, "stop_tokens")
+    assert_still_serving(client)
+
+
+def test_too_many_stop_token_ids_are_400_naming_the_limit(client: TestClient) -> None:
+    from runner.limits import MAX_STOP_TOKEN_IDS
+
+    reply = client.post(CHAT, json={"messages": HI, "stop_token_ids": list(range(MAX_STOP_TOKEN_IDS + 1))})
+    assert_error(reply, 400, f"at most {MAX_STOP_TOKEN_IDS}")
+
+
+def test_a_refused_update_config_leaves_the_defaults_as_they_were(client: TestClient) -> None:
+    """`{"top_k": 2**63}` used to answer "success" and fail every later request without a top_k."""
+    manager = client.app.state.context.manager  # type: ignore[attr-defined]
+    before = manager.config_overrides
+    for bad in ({"top_k": 2**63}, {"presence_penalty": 1e308}, {"temperature": float("nan")}, {"max_tokens": 2**70}):
+        response = client.post("/update-config", content=json.dumps(bad), headers={"Content-Type": "application/json"})
+        assert response.status_code in (400, 422), f"{bad}: {response.status_code} {response.text}"
+        assert response.json()["error"]["param"] == next(iter(bad))
+    assert manager.config_overrides == before
+    assert_still_serving(client)

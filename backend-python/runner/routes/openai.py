@@ -116,9 +116,6 @@ async def _run_completion(ctx: AppContext, request: Request, spec: CompletionSpe
     unsupported = body.unsupported_field()
     if unsupported is not None:
         raise ApiError(400, f"{unsupported} is not supported by this server yet", unsupported)
-    stop_problem = body.stop_problem()
-    if stop_problem is not None:
-        raise ApiError(422, stop_problem, "stop")
     check_item_count(len(spec.prompts) * body.n, ctx.settings.max_batch_items, "n", what="choices")
     backend = ctx.manager.require_backend()
     sampling = sampling_for(ctx, backend, spec)
