@@ -2,8 +2,8 @@
 
 Routes live in modules listed in ROUTE_MODULES. Each exposes `router` (an APIRouter) and may expose
 `install(app)` for hooks (e.g. the native batch handler). A listed module that does not exist yet
-is skipped; one that exists but fails to import is an error. Password checking, the body-size
-limit and CORS are middleware, so they cover every route, including ones added later.
+is skipped; one that exists but fails to import is an error. Password checking, body parsing, the
+body-size limit and CORS are middleware, so they cover every route, including ones added later.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from runner.auth import PasswordMiddleware
 from runner.backends import BACKENDS, BackendEntry, default_strategy
 from runner.context import AppContext, app_context
 from runner.errors import install_error_handlers
+from runner.json_body import JsonBodyMiddleware
 from runner.limits import BodySizeLimitMiddleware
 from runner.metrics import ServerMetrics
 from runner.model_manager import ModelManager
@@ -94,9 +95,11 @@ def create_app(
     app.state.route_modules = include_route_modules(app, route_modules)
     static.install(app, settings)  # last: the GUI mount at / must not shadow API routes
 
-    # add_middleware wraps from the inside out: the last added runs first.
+    # add_middleware wraps from the inside out: the last added runs first. The body is parsed (and
+    # hostile JSON refused) before the password is checked, and counted against the cap as it arrives.
     if settings.password:
         app.add_middleware(PasswordMiddleware, password=settings.password, routes=lambda: app.router.routes)
+    app.add_middleware(JsonBodyMiddleware, read_timeout_s=settings.request_read_timeout or None)
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
     if settings.cors_origins:
         app.add_middleware(

@@ -52,8 +52,8 @@ class BodyTooLarge(StarletteHTTPException):
         self.limit = limit
 
 
-async def send_json_error(send: Send, status_code: int, message: str, headers: list[tuple[bytes, bytes]] | None = None) -> None:
-    body = error_bytes(status_code, message)
+async def send_json_error(send: Send, status_code: int, message: str, headers: list[tuple[bytes, bytes]] | None = None, param: str | None = None) -> None:
+    body = error_bytes(status_code, message, param)
     raw_headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     await send({"type": "http.response.start", "status": status_code, "headers": raw_headers + (headers or [])})
     await send({"type": "http.response.body", "body": body, "more_body": False})

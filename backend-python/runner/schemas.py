@@ -11,9 +11,9 @@ from typing import Annotated, Any, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.requests import Request
 
-from runner.auth import JSON_BODY_STATE_KEY
 from runner.errors import ApiError, from_pydantic
 from runner.interface import LOGIT_BIAS_LIMIT
+from runner.json_body import JSON_BODY_STATE_KEY, BodyError, parse_json_body
 from runner.limits import MAX_INDEX, MAX_PENALTY, MAX_TOP_K, SEED_RANGE, check_stop_strings, check_stop_token_ids
 
 log = logging.getLogger("runner.schemas")
@@ -254,17 +254,19 @@ def log_unknown_fields(body: BaseModel, route: str) -> None:
 
 
 async def read_json_object(request: Request) -> dict[str, Any]:
-    """The body as a JSON object (reusing the auth middleware's parse when there was one)."""
-    cached = getattr(request.state, JSON_BODY_STATE_KEY, None)
-    if isinstance(cached, dict):
-        return cached
-    raw = await request.body()
-    if not raw.strip():
-        raise ApiError(400, "the request body is empty; send a JSON object")
-    try:
-        payload = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"invalid JSON in the request body: {exc}") from exc
+    """The body as a JSON object: runner.json_body's parse (it runs before every route), or a parse
+    here when an app was built without it."""
+    state = request.scope.get("state", {})
+    if JSON_BODY_STATE_KEY in state:
+        payload = state[JSON_BODY_STATE_KEY]
+    else:
+        raw = await request.body()
+        if not raw.strip():
+            raise ApiError(400, "the request body is empty; send a JSON object")
+        try:
+            payload = parse_json_body(raw)
+        except BodyError as error:
+            raise ApiError(error.status_code, error.message, error.param) from None
     if not isinstance(payload, dict):
         raise ApiError(400, "the request body must be a JSON object")
     return payload

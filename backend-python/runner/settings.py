@@ -7,6 +7,7 @@ its twin, the twin wins over the default. Boolean flags read their twin as 1/tru
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -54,6 +55,13 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
 def _port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
@@ -82,6 +90,7 @@ class ServerSettings:
     state_l3_bytes: int = 64 * GIB
     cors_origins: tuple[str, ...] = ()
     log_level: str = "info"
+    request_read_timeout: float = 30.0  # seconds for a request's headers, and again for its body; 0: none
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "max_prompt_tokens", "max_batch_items", "max_body_bytes"):
@@ -124,6 +133,7 @@ _FLAGS: tuple[_Flag, ...] = (
     _Flag("state_l3_bytes", "state cache budget on disk", _parse_byte_size),
     _Flag("cors_origins", "comma-separated origins allowed by CORS ('*' for any)"),
     _Flag("log_level", "uvicorn log level"),
+    _Flag("request_read_timeout", "seconds a client may take to send a request's headers, and its body (0: no limit)", _non_negative_float),
 )
 
 

@@ -226,3 +226,65 @@ def test_a_refused_update_config_leaves_the_defaults_as_they_were(client: TestCl
         assert response.json()["error"]["param"] == next(iter(bad))
     assert manager.config_overrides == before
     assert_still_serving(client)
+
+
+# Hostile JSON: answered 400 before the password is checked, without a traceback in the log.
+
+POST_PATHS = (CHAT, "/v1/completions", "/v2/chat/completions", "/state/delete", "/switch-model", "/update-config", "/no/such/route")
+
+
+@pytest.fixture
+def guarded_client() -> Iterator[TestClient]:
+    with TestClient(make_app(settings_with(password="pw"), ScriptedBackend(["fine"])), raise_server_exceptions=False) as test_client:
+        yield test_client
+
+
+@pytest.mark.parametrize("opener", ["[", '{"a":'])
+def test_a_body_nested_100000_deep_is_400_before_auth_without_a_traceback(guarded_client: TestClient, opener: str, caplog: pytest.LogCaptureFixture) -> None:
+    closer = "]" if opener == "[" else "}"
+    deep = opener * 100_000 + "1" + closer * 100_000
+    for path in POST_PATHS:
+        response = guarded_client.post(path, content=deep, headers={"Content-Type": "application/json"})
+        assert_error(response, 400, "nested too deeply")
+    assert not [r for r in caplog.records if r.levelno >= 40], [r.getMessage() for r in caplog.records if r.levelno >= 40]
+    ok = guarded_client.post(CHAT, json={"messages": HI}, headers={"Authorization": "Bearer pw"})
+    assert ok.status_code == 200
+
+
+def test_a_body_nested_deep_but_parseable_is_an_ordinary_answer(client: TestClient) -> None:
+    nested: object = 1
+    for _ in range(500):
+        nested = [nested]
+    response = client.post(CHAT, json={"messages": HI, "tools": [nested]})
+    assert_error(response, 400, "tools")
+
+
+LONE = '"\\ud800"'  # a JSON escape of half a surrogate pair: no character, not encodable as UTF-8
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "field"),
+    [
+        (CHAT, '{"messages": [{"role": "user", "content": "Hi"}], "model": ' + LONE + "}", "model"),
+        ("/v1/completions", '{"prompt": "x", "model": ' + LONE + "}", "model"),
+        ("/v1/completions", '{"prompt": ' + LONE + "}", "prompt"),
+        (CHAT, '{"messages": [{"role": "user", "content": ' + LONE + "}]}", "messages.0.content"),
+        (CHAT, '{"contents": ["hi"], "model": ' + LONE + "}", "model"),
+        ("/v2/chat/completions", '{"contents": ["hi"], "model": ' + LONE + "}", "model"),
+        ("/translate/v1/batch-translate", '{"target_lang": "en", "text_list": ["x"], "source_lang": ' + LONE + "}", "source_lang"),
+        ("/state/delete", '{"session_id": ' + LONE + "}", "session_id"),
+        ("/switch-model", '{"model": ' + LONE + ', "strategy": "fake"}', "model"),
+        (CHAT, '{"messages": [{"role": "user", "content": "Hi"}], ' + LONE + ": 1}", "\\ud800"),
+    ],
+)
+def test_a_lone_surrogate_is_400_naming_the_field(client: TestClient, path: str, raw: str, field: str) -> None:
+    response = client.post(path, content=raw.encode(), headers={"Content-Type": "application/json"})
+    assert_error(response, 400, "surrogate")
+    assert response.json()["error"]["param"] == field
+    assert_still_serving(client)
+
+
+def test_a_surrogate_pair_is_an_ordinary_character(client: TestClient) -> None:
+    raw = '{"messages": [{"role": "user", "content": "Hi"}], "model": "\\ud83d\\ude00"}'
+    response = client.post(CHAT, content=raw.encode(), headers={"Content-Type": "application/json"})
+    assert response.status_code == 200 and response.json()["model"] == "\U0001f600"
