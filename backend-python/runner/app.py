@@ -18,14 +18,15 @@ from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
 from runner.auth import PasswordMiddleware
-from runner.backends import BACKENDS, BackendEntry, default_strategy
+from runner.backends import BACKENDS, BackendEntry, UnknownStrategy, default_strategy, find_backend
 from runner.context import AppContext, app_context
-from runner.errors import install_error_handlers
+from runner.errors import ApiError, install_error_handlers
 from runner.json_body import JsonBodyMiddleware
 from runner.limits import BodySizeLimitMiddleware
 from runner.metrics import ServerMetrics
-from runner.model_manager import ModelManager
+from runner.model_manager import RANDOM_MODEL_PREFIX, ModelManager
 from runner.profile import RouteProfile, profiling_requested
+from runner.request_log import RequestLogMiddleware
 from runner.routes import static
 from runner.settings import ServerSettings
 
@@ -64,14 +65,35 @@ def include_route_modules(app: FastAPI, modules: Sequence[str]) -> list[str]:
     return included
 
 
+def startup_model_problem(ctx: AppContext) -> str | None:
+    """Why --model-path with --strategy cannot load, where that shows without loading anything (an
+    unknown strategy, a missing file, an unsupported format): main.py reports it as one line
+    instead of starting a server whose startup fails with a traceback."""
+    settings = ctx.settings
+    if not settings.model_path:
+        return None
+    strategy = settings.strategy or default_strategy(ctx.manager.registry)
+    try:
+        find_backend(strategy, ctx.manager.registry)
+    except UnknownStrategy as exc:
+        return f"--strategy: {exc}"
+    if settings.model_path.startswith(RANDOM_MODEL_PREFIX):
+        return None
+    try:
+        ctx.manager.resolve_model_path(settings.model_path)
+    except ApiError as exc:
+        return f"--model-path {settings.model_path}: {exc.message}"
+    return None
+
+
 @asynccontextmanager
 async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     ctx = app_context(app)
     settings = ctx.settings
     if settings.model_path:
         strategy = settings.strategy or default_strategy(ctx.manager.registry)
-        log.info("loading %s with %r", settings.model_path, strategy)
         await ctx.manager.switch(settings.model_path, strategy)  # a failure stops the server: fail loudly
+    log.info("serving on http://%s:%d", settings.host, settings.port)
     try:
         yield
     finally:
@@ -107,5 +129,7 @@ def create_app(
             allow_origins=list(settings.cors_origins),
             allow_methods=["*"],
             allow_headers=["*"],
+            expose_headers=["X-Request-Id", "Retry-After"],
         )
+    app.add_middleware(RequestLogMiddleware, metrics=app_context(app).metrics)  # outermost: sees every answer
     return app

@@ -25,6 +25,7 @@ from runner.interface import AbstractRWKV, BackendError, FinishReason, Generatio
 from runner.metrics import ServerMetrics
 from runner.model_manager import ModelManager
 from runner.profile import RouteProfile
+from runner.request_log import request_record
 from runner.sse import DONE_EVENT, error_event
 
 log = logging.getLogger("runner.generation")
@@ -150,6 +151,7 @@ class GenerationDriver:
         self._check_interval = disconnect_check_interval()
         self._tokens_since_check = 0
         self._checked_once = False
+        self._record = request_record(request)  # the request's log line (runner.request_log)
 
     async def prime(self) -> None:
         self._pending = await self._next()
@@ -176,15 +178,22 @@ class GenerationDriver:
         if self.profile.enabled:
             self.profile.engine_wait_ms += (now - waited_from) * 1000.0
             self.profile.tokens += len(event.token_ids)
+        record = self._record
         if event.token_ids:
             if self._last_token_at is None:
                 self.metrics.time_to_first_token.observe(now - self._started)
+                if record is not None:
+                    record.ttft_s = now - self._started
             else:
                 self.metrics.inter_token.observe((now - self._last_token_at) / len(event.token_ids))
             self._last_token_at = now
         if event.finish_reason is not None:
             self.metrics.prompt_tokens += event.prompt_tokens
             self.metrics.completion_tokens += event.completion_tokens
+            if record is not None:
+                record.prompt_tokens += event.prompt_tokens
+                record.completion_tokens += event.completion_tokens
+                record.finish_reasons.append(event.finish_reason)
         return index, event
 
     async def client_gone(self, new_tokens: int) -> bool:

@@ -80,6 +80,8 @@ class ModelManager:
         # backends that know the spec accept it, the others fail the load with their reason.
         path = model if model.startswith(RANDOM_MODEL_PREFIX) else self.resolve_model_path(model)
         self.status = ModelStatus.LOADING  # set before the first await: a concurrent switch sees it
+        previous = f" (replacing {self.model_path} with {self.strategy!r})" if self.model_path else ""
+        log.info("loading %s with %r%s", path, strategy, previous)
         try:
             backend = await asyncio.to_thread(self._replace_backend, entry, str(path), strategy)
         except asyncio.CancelledError:
@@ -127,6 +129,7 @@ class ModelManager:
         if self.backend is not None:
             self.status = ModelStatus.OFFLINE  # requests arriving during the shutdown get 503
             await asyncio.to_thread(self._shutdown_current)
+            log.info("unloaded %s", self.model_path)
         self._forget_backend()
 
     # ---- serving -------------------------------------------------------------------------------
@@ -190,4 +193,5 @@ class ModelManager:
         if self.backend is not None:
             self.status = ModelStatus.OFFLINE
             await asyncio.to_thread(self._shutdown_current)
+            log.info("unloaded %s (shutting down)", self.model_path)
         self._forget_backend()

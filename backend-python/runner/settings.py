@@ -19,6 +19,7 @@ GIB = 1024 * MIB
 
 # rwkv_lightning's `--inference-engine` / `--backend` values and the strategies they mean here.
 ENGINE_STRATEGIES: dict[str, str] = {"fp16": "albatross workers=1 batch=32"}
+LOG_FORMATS = ("text", "json")
 
 
 def default_data_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -91,11 +92,14 @@ class ServerSettings:
     cors_origins: tuple[str, ...] = ()
     log_level: str = "info"
     request_read_timeout: float = 30.0  # seconds for a request's headers, and again for its body; 0: none
+    log_format: str = "text"  # or "json": one JSON object per line
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "max_prompt_tokens", "max_batch_items", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.log_format not in LOG_FORMATS:
+            raise ValueError(f"log_format must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,7 +138,33 @@ _FLAGS: tuple[_Flag, ...] = (
     _Flag("cors_origins", "comma-separated origins allowed by CORS ('*' for any)"),
     _Flag("log_level", "uvicorn log level"),
     _Flag("request_read_timeout", "seconds a client may take to send a request's headers, and its body (0: no limit)", _non_negative_float),
+    _Flag("log_format", f"log lines as {' or '.join(LOG_FORMATS)} (json: one object per line, for log collectors)"),
 )
+
+
+def _shown_default(flag: _Flag) -> str:
+    """The default as --help prints it (argparse's own defaults are None, so env twins can apply)."""
+    if flag.name == "state_cache_path":
+        return str(default_data_dir() / "states.sqlite3")
+    if flag.name == "strategy":
+        from runner.backends import BACKENDS  # lazy: the registry imports these settings
+
+        return f"{BACKENDS[0].default_strategy!r}, or {BACKENDS[-1].default_strategy!r} without the {BACKENDS[0].name} module"
+    value = ServerSettings.__dataclass_fields__[flag.name].default
+    if flag.parse is None:
+        return "on" if value else "off"
+    if value is None or value == ():
+        return "none"
+    if flag.parse is _parse_byte_size and isinstance(value, int):
+        return _format_bytes(value)
+    return str(value)
+
+
+def _format_bytes(value: int) -> str:
+    for unit, size in (("GiB", GIB), ("MiB", MIB)):
+        if value >= size and value % size == 0:
+            return f"{value // size}{unit}"
+    return str(value)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -144,10 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
         f"Every --flag has an environment twin {ENV_PREFIX}FLAG (dashes become underscores).",
     )
     for flag in _FLAGS:
+        shown = f"{flag.help} (default: {_shown_default(flag)}) [{flag.env}]"
         if flag.parse is None:
-            parser.add_argument(flag.option, action="store_true", default=None, help=f"{flag.help} [{flag.env}]")
+            parser.add_argument(flag.option, action="store_true", default=None, help=shown)
         else:
-            parser.add_argument(flag.option, default=None, help=f"{flag.help} [{flag.env}]")
+            parser.add_argument(flag.option, default=None, help=shown)
     parser.add_argument(
         "--inference-engine",
         "--backend",
