@@ -27,6 +27,7 @@ from runner.metrics import ServerMetrics
 from runner.model_manager import RANDOM_MODEL_PREFIX, ModelManager
 from runner.profile import RouteProfile, profiling_requested
 from runner.request_log import RequestLogMiddleware
+from runner import openapi
 from runner.routes import static
 from runner.settings import ServerSettings
 
@@ -116,6 +117,7 @@ def create_app(
     install_error_handlers(app)
     app.state.route_modules = include_route_modules(app, route_modules)
     static.install(app, settings)  # last: the GUI mount at / must not shadow API routes
+    openapi.install(app)
 
     # add_middleware wraps from the inside out: the last added runs first. The body is parsed (and
     # hostile JSON refused) before the password is checked, and counted against the cap as it arrives.
