@@ -17,6 +17,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 from starlette.middleware.cors import CORSMiddleware
 
+from runner.admission import Admission
 from runner.auth import PasswordMiddleware
 from runner.backends import BACKENDS, BackendEntry, UnknownStrategy, default_strategy, find_backend
 from runner.context import AppContext, app_context
@@ -112,6 +113,7 @@ def create_app(
         manager=ModelManager(settings, registry),
         profile=RouteProfile(enabled=profiling_requested()),
         metrics=ServerMetrics(),
+        admission=Admission(settings.max_queued_requests),
         deploy_mode=settings.deploy,
     )
     install_error_handlers(app)

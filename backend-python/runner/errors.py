@@ -45,11 +45,12 @@ RATE_LIMIT_CODE = "rate_limit_exceeded"
 class ApiError(Exception):
     """Raised anywhere below a route; becomes a JSON error response with `status_code`."""
 
-    def __init__(self, status_code: int, message: str, param: str | None = None) -> None:
+    def __init__(self, status_code: int, message: str, param: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.message = message
         self.param = param
+        self.headers = headers  # e.g. Retry-After on a 429
 
 
 class ClientGone(ApiError):
@@ -70,8 +71,8 @@ def error_payload(status_code: int, message: str, param: str | None = None, requ
     return {"error": error}
 
 
-def error_response(status_code: int, message: str, param: str | None = None, request_id: str | None = None) -> JSONResponse:
-    return JSONResponse(error_payload(status_code, message, param, request_id), status_code=status_code)
+def error_response(status_code: int, message: str, param: str | None = None, request_id: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_payload(status_code, message, param, request_id), status_code=status_code, headers=headers)
 
 
 def error_bytes(status_code: int, message: str, param: str | None = None) -> bytes:
@@ -111,7 +112,7 @@ def internal_error(exc: BaseException, context: str) -> tuple[str, str]:
 def install_error_handlers(app: FastAPI) -> None:
     async def on_api_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)
-        return error_response(exc.status_code, exc.message, exc.param)
+        return error_response(exc.status_code, exc.message, exc.param, headers=exc.headers)
 
     async def on_backend_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, BackendError)

@@ -20,6 +20,7 @@ from typing import Protocol
 import anyio
 from starlette.requests import Request
 
+from runner.admission import Ticket
 from runner.errors import ApiError, ClientGone, internal_error
 from runner.interface import AbstractRWKV, BackendError, FinishReason, GenerationEvent, GenerationRequest, TokenLogprob
 from runner.metrics import ServerMetrics
@@ -139,6 +140,7 @@ class GenerationDriver:
         jobs: Sequence[ChoiceJob],
         profile: RouteProfile,
         metrics: ServerMetrics,
+        ticket: Ticket | None = None,
     ) -> None:
         self.request = request
         self.profile = profile
@@ -151,7 +153,10 @@ class GenerationDriver:
         self._check_interval = disconnect_check_interval()
         self._tokens_since_check = 0
         self._checked_once = False
+        self._awaiting_first = True
         self._record = request_record(request)  # the request's log line (runner.request_log)
+        self._ticket = ticket or Ticket(None, 0)  # its place in runner.admission's count
+        self._ticket.release_with(self)
 
     async def prime(self) -> None:
         self._pending = await self._next()
@@ -171,7 +176,11 @@ class GenerationDriver:
     async def _next(self) -> ChoiceEvent | None:
         waited_from = time.perf_counter()
         try:
-            index, event = await self._events.__anext__()
+            if self._awaiting_first:
+                index, event = await self._first_event()
+                self._awaiting_first = False
+            else:
+                index, event = await self._events.__anext__()
         except StopAsyncIteration:
             return None
         now = time.perf_counter()
@@ -196,6 +205,24 @@ class GenerationDriver:
                 record.finish_reasons.append(event.finish_reason)
         return index, event
 
+    async def _first_event(self) -> ChoiceEvent:
+        """The first event, or ClientGone as soon as the client disconnects while the request still
+        waits for it (queued for a slot, or prefilling): closing the events then aborts the request
+        before it takes a slot. Nothing else reads the connection before the first event."""
+        events = asyncio.ensure_future(self._events.__anext__())
+        gone = asyncio.ensure_future(_disconnected(self.request))
+        try:
+            await asyncio.wait({events, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if events.done():
+                return events.result()
+            raise ClientGone()
+        finally:
+            for waiter in (events, gone):
+                if not waiter.done():
+                    waiter.cancel()
+            with anyio.CancelScope(shield=True):
+                await asyncio.gather(events, gone, return_exceptions=True)
+
     async def client_gone(self, new_tokens: int) -> bool:
         """Checks on the first event and then every `interval` tokens; cheap otherwise."""
         self._tokens_since_check += new_tokens
@@ -211,6 +238,14 @@ class GenerationDriver:
 
     async def aclose(self) -> None:
         await close_quietly(self._events)
+        self._ticket.release()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has disconnected (the body was read already: the only message the
+    connection still has to give is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def raise_for_failure(event: GenerationEvent) -> None:

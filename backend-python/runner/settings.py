@@ -63,6 +63,13 @@ def _non_negative_float(text: str) -> float:
     return value
 
 
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"must be >= 0, got {text!r}")
+    return value
+
+
 def _port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
@@ -93,6 +100,7 @@ class ServerSettings:
     log_level: str = "info"
     request_read_timeout: float = 30.0  # seconds for a request's headers, and again for its body; 0: none
     log_format: str = "text"  # or "json": one JSON object per line
+    max_queued_requests: int | None = None  # generations waiting beyond the slots; None: 4 x the slots (runner.admission)
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "max_prompt_tokens", "max_batch_items", "max_body_bytes"):
@@ -138,6 +146,7 @@ _FLAGS: tuple[_Flag, ...] = (
     _Flag("cors_origins", "comma-separated origins allowed by CORS ('*' for any)"),
     _Flag("log_level", "uvicorn log level"),
     _Flag("request_read_timeout", "seconds a client may take to send a request's headers, and its body (0: no limit)", _non_negative_float),
+    _Flag("max_queued_requests", "generations that may wait for a slot; beyond them a request gets 429", _non_negative_int),
     _Flag("log_format", f"log lines as {' or '.join(LOG_FORMATS)} (json: one object per line, for log collectors)"),
 )
 
@@ -146,6 +155,10 @@ def _shown_default(flag: _Flag) -> str:
     """The default as --help prints it (argparse's own defaults are None, so env twins can apply)."""
     if flag.name == "state_cache_path":
         return str(default_data_dir() / "states.sqlite3")
+    if flag.name == "max_queued_requests":
+        from runner.admission import QUEUE_SLOTS_MULTIPLE  # lazy: keeps settings free of runner imports
+
+        return f"{QUEUE_SLOTS_MULTIPLE} x the backend's slots"
     if flag.name == "strategy":
         from runner.backends import BACKENDS  # lazy: the registry imports these settings
 
