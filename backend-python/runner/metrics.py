@@ -157,7 +157,14 @@ def backend_metrics(status: Mapping[str, object]) -> list[str]:
     return out
 
 
-def render(metrics: ServerMetrics, model_status: int, backend_status: Mapping[str, object], labels: Sequence[tuple[str, str]] = ()) -> str:
+def render(
+    metrics: ServerMetrics,
+    model_status: int,
+    backend_status: Mapping[str, object],
+    labels: Sequence[tuple[str, str]] = (),
+    admission: tuple[int, int] | None = None,
+) -> str:
+    """`admission`: (generations admitted now, the limit), from runner.admission."""
     info = ",".join(f'{k}="{_label(v)}"' for k, v in labels)
     lines = [
         "# HELP rwkv_model_status 0 offline, 2 loading, 3 working",
@@ -182,5 +189,14 @@ def render(metrics: ServerMetrics, model_status: int, backend_status: Mapping[st
     lines += ["# HELP rwkv_request_duration_seconds request start to the end of its answer, by route", "# TYPE rwkv_request_duration_seconds histogram"]
     for route, histogram in sorted(metrics.request_duration.items()):
         lines += histogram.samples("rwkv_request_duration_seconds", f'route="{_label(route)}"')
+    if admission is not None:
+        lines += [
+            "# HELP rwkv_admitted_generations generations running or queued (runner.admission)",
+            "# TYPE rwkv_admitted_generations gauge",
+            f"rwkv_admitted_generations {admission[0]}",
+            "# HELP rwkv_admission_limit slots plus --max-queued-requests; past it requests get 429",
+            "# TYPE rwkv_admission_limit gauge",
+            f"rwkv_admission_limit {admission[1]}",
+        ]
     lines += backend_metrics(backend_status)
     return "\n".join(lines) + "\n"

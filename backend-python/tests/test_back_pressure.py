@@ -96,6 +96,7 @@ def test_past_slots_plus_queue_a_request_gets_429_with_retry_after_in_openais_sh
             assert again.status_code == 200
             metrics = (await client.get("/metrics")).text
             assert 'rwkv_http_responses_total{status="429"} 2' in metrics.splitlines()
+            assert "rwkv_admitted_generations 0" in metrics.splitlines() and "rwkv_admission_limit 3" in metrics.splitlines()
 
     run(scenario())
 
