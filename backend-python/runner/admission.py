@@ -14,6 +14,7 @@ The count lives on the event loop: routes admit and drivers release on it, so it
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from runner.errors import ApiError
@@ -44,7 +45,7 @@ class Ticket:
     def release(self) -> None:
         admission, self._admission = self._admission, None
         if admission is not None:
-            admission.in_flight -= self.rows
+            admission.released(self.rows)
 
     def release_with(self, owner: object) -> None:
         """Also release when `owner` is garbage collected (a stream whose body never ran)."""
@@ -54,8 +55,14 @@ class Ticket:
 @dataclass(slots=True)
 class Admission:
     max_queued: int | None = None  # None: QUEUE_SLOTS_MULTIPLE x the backend's slots
+    on_idle: Callable[[], None] | None = None  # called when the last generation in flight ends
     in_flight: int = 0
     rejected: int = 0
+
+    def released(self, rows: int) -> None:
+        self.in_flight -= rows
+        if self.in_flight == 0 and rows and self.on_idle is not None:
+            self.on_idle()
 
     def queue_size(self, slots: int) -> int:
         return QUEUE_SLOTS_MULTIPLE * slots if self.max_queued is None else self.max_queued

@@ -22,6 +22,7 @@ from runner.auth import PasswordMiddleware
 from runner.backends import BACKENDS, BackendEntry, UnknownStrategy, default_strategy, find_backend
 from runner.context import AppContext, app_context
 from runner.errors import ApiError, install_error_handlers
+from runner.heap import IdleTrim
 from runner.json_body import JsonBodyMiddleware
 from runner.limits import BodySizeLimitMiddleware
 from runner.metrics import ServerMetrics
@@ -113,7 +114,7 @@ def create_app(
         manager=ModelManager(settings, registry),
         profile=RouteProfile(enabled=profiling_requested()),
         metrics=ServerMetrics(),
-        admission=Admission(settings.max_queued_requests),
+        admission=Admission(settings.max_queued_requests, on_idle=IdleTrim()),
         deploy_mode=settings.deploy,
     )
     install_error_handlers(app)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.backends import BACKENDS, BackendEntry, BackendLoadError, UnknownStrategy, find_backend, load_factory
+from runner import heap
 from runner.errors import ApiError, ClientGone
 from runner.interface import AbstractRWKV, SamplingDefaults
 from runner.settings import ServerSettings
@@ -117,6 +118,8 @@ class ModelManager:
                 old.shutdown()
             except Exception:
                 log.exception("shutting down the %s backend failed", old.backend_name)
+            del old
+            heap.trim()  # what the old model freed goes back to the OS, not into glibc's arenas
 
     def _forget_backend(self) -> None:
         self.backend, self.backend_entry = None, None
