@@ -3,7 +3,6 @@ field); unknown fields are kept in `model_extra` so routes can log them once and
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from typing import Annotated, Any, Literal, TypeVar

@@ -14,7 +14,6 @@ import openai
 import pytest
 
 from runner.interface import AbstractRWKV, GenerationEvent, GenerationRequest
-from runner.metrics import ServerMetrics
 from runner_fakes import live_server, make_app, settings_with
 
 HI = [{"role": "user", "content": "Hi"}]

@@ -13,12 +13,15 @@ import asyncio
 import json
 import random
 import time
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
+from albatross_engine.adapter import AlbatrossRWKV
 from runner import heap
+from runner.heap import IdleTrim
 from runner.context import app_context
 from runner.settings import ServerSettings
 from runner_fakes import live_server, make_app
@@ -57,9 +60,9 @@ async def storm(base_url: str, rng: random.Random) -> None:
     await asyncio.gather(*(cut_stream(address.hostname or "", address.port or 0, p) for p in prompts))
 
 
-def wait_until(predicate: object, what: str, limit_s: float = 120) -> None:
+def wait_until(predicate: Callable[[], bool], what: str, limit_s: float = 120) -> None:
     deadline = time.monotonic() + limit_s
-    while not predicate():  # type: ignore[operator]
+    while not predicate():
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} never happened")
         time.sleep(0.05)
@@ -68,7 +71,7 @@ def wait_until(predicate: object, what: str, limit_s: float = 120) -> None:
 def test_a_trim_gives_freed_fragmented_heap_memory_back_to_the_os() -> None:
     """What glibc keeps after a storm: freed blocks between blocks still alive. They stay in RSS
     until malloc_trim (the storms' "leak")."""
-    if heap._TRIM is None:  # noqa: SLF001
+    if heap._TRIM is None:
         pytest.skip("this libc has no malloc_trim")
     blocks = [bytearray(1024) for _ in range(100_000)]  # ~100 MiB of 1 KiB blocks
     survivors = blocks[::64]  # every 64th stays alive: the heap cannot shrink from its top
@@ -95,15 +98,21 @@ def test_rss_stays_bounded_across_disconnect_storms(tiny_checkpoint: Path, tmp_p
     rng = random.Random(5)
     after: list[float] = []
     with live_server(app, settings) as base_url:
+        backend = ctx.manager.backend
+        assert isinstance(backend, AlbatrossRWKV) and isinstance(trims, IdleTrim)
+
+        def engine_idle() -> bool:
+            metrics = backend.core.metrics()
+            return metrics.active_slots == 0 and metrics.queue_depth == 0
+
         for _ in range(STORMS):
-            trims_before = trims.trims  # type: ignore[union-attr]
+            trims_before = trims.trims
             asyncio.run(storm(base_url, rng))
-            backend = ctx.manager.backend
             wait_until(lambda: ctx.admission.in_flight == 0, "every request of the storm ending")
-            wait_until(lambda: backend.core.metrics().active_slots == 0 and backend.core.metrics().queue_depth == 0, "the engine going idle")  # type: ignore[union-attr]
-            wait_until(lambda: trims.trims > trims_before, "a heap trim once idle")  # type: ignore[union-attr]
+            wait_until(engine_idle, "the engine going idle")
+            wait_until(lambda: trims.trims > trims_before, "a heap trim once idle")  # noqa: B023 - called before the loop moves on
             after.append(rss_mib())
-        cached = backend.status()["state_cache"]  # type: ignore[union-attr]
+        cached = backend.status()["state_cache"]
     assert cached["l1_bytes"] <= settings.state_l1_bytes and cached["l2_bytes"] <= settings.state_l2_bytes  # type: ignore[index]
     growth = max(after[1:]) - after[0]
     assert growth < RSS_BOUND_MIB, f"RSS after each storm (MiB): {[round(x) for x in after]}"
