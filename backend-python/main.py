@@ -1,33 +1,38 @@
-"""Start the server: `python backend-python/main.py --help` lists the flags and their env twins."""
+"""Start the server: `python backend-python/main.py --help` lists the flags, their defaults and env twins."""
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 
-import uvicorn
-
-from runner.app import create_app
+from runner.app import create_app, startup_model_problem
 from runner.context import app_context
-from runner.drain import ENDING_GRACE_S, DrainingServer
+from runner.drain import DrainingServer
+from runner.request_log import configure_logging
+from runner.server import listening_socket, uvicorn_config
 from runner.settings import settings_from_args
 
 
 def main(argv: list[str] | None = None) -> None:
     settings = settings_from_args(argv)
-    logging.basicConfig(level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_logging(settings.log_level, settings.log_format)
     os.environ.setdefault("RWKV_V7_ON", "1")  # the official rwkv package reads this at import time
     app = create_app(settings)
-    # After the drain every request has ended: uvicorn's own wait for connections is only a backstop.
-    config = uvicorn.Config(app, host=settings.host, port=settings.port, log_level=settings.log_level, timeout_graceful_shutdown=int(ENDING_GRACE_S))
-    server = DrainingServer(config, app)
+    # What can be known before anything loads is checked first, each failure one line.
+    problem = startup_model_problem(app_context(app))
+    if problem is not None:
+        sys.exit(f"error: {problem}")
+    try:
+        sock = listening_socket(settings.host, settings.port)
+    except OSError as exc:
+        sys.exit(f"error: cannot listen on {settings.host}:{settings.port}: {exc.strerror or exc} (is another server running there? see --port)")
+    server = DrainingServer(uvicorn_config(app, settings), app)
 
     def request_exit() -> None:
         server.should_exit = True
 
     app_context(app).request_exit = request_exit
-    server.run()
+    server.run(sockets=[sock])
     if not server.started:
         sys.exit(1)  # startup failed (e.g. --model-path could not be loaded)
 

@@ -14,6 +14,7 @@ pushes would give, so the result does not depend on how the text was split into 
 from __future__ import annotations
 
 import codecs
+import re
 from collections.abc import Iterable, Sequence
 from typing import Protocol
 
@@ -56,21 +57,37 @@ class IncrementalDecoder:
         return self._utf8.getstate()[0]
 
 
-class StopMatcher:
-    """Text in, text safe to emit out; finishes at the first stop string."""
+def _failure_function(stop: str) -> list[int]:
+    """KMP: entry i is the length of the longest proper prefix of stop[: i + 1] that is also its suffix."""
+    failure = [0] * len(stop)
+    matched = 0
+    for i in range(1, len(stop)):
+        while matched and stop[i] != stop[matched]:
+            matched = failure[matched - 1]
+        if stop[i] == stop[matched]:
+            matched += 1
+        failure[i] = matched
+    return failure
 
-    __slots__ = ("_stops", "_prefixes", "_held", "finished")
+
+class StopMatcher:
+    """Text in, text safe to emit out; finishes at the first stop string.
+
+    Each stop has a Knuth-Morris-Pratt state: how many of its first characters end the text seen so
+    far. Memory is linear in the stops' lengths and every character costs amortised O(1) per stop
+    (a table of every prefix was quadratic: one 1 MB stop string took the process down). The held
+    text is the longest such state; while nothing is held, text up to the first character that can
+    start a stop is passed through without stepping any state."""
+
+    __slots__ = ("_stops", "_failures", "_states", "_starters", "_held", "finished")
 
     def __init__(self, stops: Sequence[str]) -> None:
         if any(stop == "" for stop in stops):
             raise ValueError("stop strings must not be empty")
         self._stops = tuple(dict.fromkeys(stops))
-        # Every proper prefix of a stop, grouped by length: the suffixes worth holding back.
-        prefixes: dict[int, set[str]] = {}
-        for stop in self._stops:
-            for length in range(1, len(stop)):
-                prefixes.setdefault(length, set()).add(stop[:length])
-        self._prefixes = sorted(prefixes.items(), reverse=True)
+        self._failures = [_failure_function(stop) for stop in self._stops]
+        self._states = [0] * len(self._stops)
+        self._starters = re.compile("[" + "".join(re.escape(c) for c in {stop[0] for stop in self._stops}) + "]") if self._stops else None
         self._held = ""
         self.finished = False
 
@@ -82,36 +99,43 @@ class StopMatcher:
         """Returns (text to emit now, whether a stop matched). After a match it returns ("", True)."""
         if self.finished:
             return "", True
-        if not self._stops:
+        if self._starters is None:
             return text, False
-        buffer = self._held + text
-        match_start = self._first_completed_match(buffer)
-        if match_start is not None:
-            self._held = ""
-            self.finished = True
-            return buffer[:match_start], True
-        keep = self._longest_stop_prefix_suffix(buffer)
+        held = self._held
+        begin = 0
+        if not held:
+            first = self._starters.search(text)
+            if first is None:
+                return text, False
+            begin = first.start()
+        buffer = held + text
+        stops, failures, states = self._stops, self._failures, self._states
+        for position in range(len(held) + begin, len(buffer)):
+            char = buffer[position]
+            longest_match = 0
+            for k, stop in enumerate(stops):
+                matched = states[k]
+                while matched and stop[matched] != char:
+                    matched = failures[k][matched - 1]
+                if stop[matched] == char:
+                    matched += 1
+                    if matched == len(stop):
+                        longest_match = max(longest_match, matched)
+                        matched = failures[k][matched - 1]
+                states[k] = matched
+            if longest_match:  # the first stop to complete; on a tie the longest (earliest start)
+                self._held = ""
+                self.finished = True
+                return buffer[: position + 1 - longest_match], True
+        keep = max(states)
         self._held = buffer[len(buffer) - keep :] if keep else ""
         return buffer[: len(buffer) - keep], False
 
     def flush(self) -> str:
         """End of generation without a match: the held text is ordinary text after all."""
         held, self._held = self._held, ""
+        self._states = [0] * len(self._stops)
         return "" if self.finished else held
-
-    def _first_completed_match(self, buffer: str) -> int | None:
-        best: tuple[int, int] | None = None  # (end, start)
-        for stop in self._stops:
-            start = buffer.find(stop)
-            if start >= 0 and (best is None or (start + len(stop), start) < best):
-                best = (start + len(stop), start)
-        return None if best is None else best[1]
-
-    def _longest_stop_prefix_suffix(self, buffer: str) -> int:
-        for length, prefixes in self._prefixes:
-            if length <= len(buffer) and buffer[len(buffer) - length :] in prefixes:
-                return length
-        return 0
 
 
 class TextStream:

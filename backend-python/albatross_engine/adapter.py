@@ -237,6 +237,9 @@ class AlbatrossRWKV(AbstractRWKV):
             if not done:
                 core.abort(task)
 
+    def generation_slots(self) -> int:
+        return self.config.worker_num * self.config.batch_size
+
     def run_rnn(self, *args: object, **kwargs: object) -> object:
         raise NotImplementedError(
             "the albatross backend runs batch inference inside its engine and has no run_rnn(); use generate() or async_generate()"

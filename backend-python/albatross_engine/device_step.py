@@ -25,7 +25,7 @@ from albatross.ops import FlatBatch, host_to_device
 from albatross import ops
 from albatross.sampler import MASK32, PenaltyPool, SamplingBatch, TopLogprobs, top_logprobs
 from albatross.state import SlotState, StatePool
-from albatross_engine.scheduler import RowKind, StepPlan
+from albatross_engine.scheduler import Row, RowKind, StepPlan
 
 logger = logging.getLogger(__name__)
 
@@ -39,6 +39,16 @@ class _SamplingInputs:
     logprob_rows: list[int]  # sampling rows that want logprobs
     logprob_index: torch.Tensor | None
     logprob_k: int
+
+
+class RowInputsRefused(Exception):
+    """A step refused before anything ran on the device (no state touched, no id sampled), because
+    of these rows' own values (a top_k no int64 holds, ...): the others can be issued without them."""
+
+    def __init__(self, rows: list[Row], error: Exception) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.rows = rows
+        self.error = error
 
 
 @dataclass(slots=True)
@@ -108,7 +118,9 @@ class DeviceStep:
             self._last = None
 
     def issue(self, plan: StepPlan) -> IssuedStep:
-        sampling = self._sampling_inputs(plan) if plan.sample_count else None
+        """Raises RowInputsRefused when rows' own sampling values cannot become device inputs; then
+        nothing ran and the plan may be issued again without them."""
+        sampling = self._checked_sampling_inputs(plan) if plan.sample_count else None
         slots = [row.slot for row in plan.rows]
         last = self._last
         if not plan.prefill_tokens and last is not None and last.ids is not None:
@@ -135,6 +147,23 @@ class DeviceStep:
             return self._graphs.decode(index[0], token_ids)
         batch = FlatBatch.build(slots, [1] * len(slots), self.device)
         return forward_decode(self.model, self.pool, batch, token_ids)
+
+    def _checked_sampling_inputs(self, plan: StepPlan) -> _SamplingInputs:
+        try:
+            return self._sampling_inputs(plan)
+        except Exception as error:
+            refused = [row for row in plan.rows if row.samples and not self._row_inputs_build(row)]
+            if not refused:
+                raise
+            raise RowInputsRefused(refused, error) from error
+
+    def _row_inputs_build(self, row: Row) -> bool:
+        """Whether one row's sampling values alone become device inputs (only on the error path)."""
+        try:
+            self._sampling_inputs(StepPlan(rows=[row], sample_count=1))
+        except Exception:
+            return False
+        return True
 
     def _sampling_inputs(self, plan: StepPlan) -> _SamplingInputs:
         """Per-row sampling settings as device tensors, built on the host and sent with

@@ -62,6 +62,21 @@ class StepPlan:
     def __bool__(self) -> bool:
         return bool(self.rows)
 
+    def without(self, task_ids: set[int]) -> StepPlan:
+        """This plan less the rows of these tasks, for a step issued again without the rows whose
+        inputs it refused before anything ran: the kept sample rows are renumbered (input rows
+        point into the previous step's ids and stay)."""
+        rest = StepPlan(rows=[row for row in self.rows if row.task.task_id not in task_ids])
+        for row in rest.rows:
+            if row.samples:
+                row.sample_row = row.task.last_sample_row = rest.sample_count
+                rest.sample_count += 1
+            if row.kind is RowKind.PREFILL:
+                rest.prefill_tokens += row.stop - row.start
+            else:
+                rest.decode_tokens += 1
+        return rest
+
 
 def _can_lead(task: EngineTask) -> bool:
     """Still feeding its prompt from a zero state, short of the last token."""

@@ -26,7 +26,7 @@ from albatross.model import RWKV7
 from albatross.sampler import seed_to_seed32
 from albatross.tokenizer import Tokenizer
 from albatross_engine.config import AlbatrossBackendConfig
-from albatross_engine.device_step import DeviceStep, IssuedStep
+from albatross_engine.device_step import DeviceStep, IssuedStep, RowInputsRefused
 from albatross_engine.finishing import Finisher, fail_all
 from albatross_engine.metrics import WorkerMetrics
 from albatross_engine.results import ResultProcessor
@@ -230,6 +230,12 @@ class Worker:
         assert device_step is not None and saved_states is not None
         try:
             issued = device_step.issue(plan)
+        except RowInputsRefused as refused:
+            logger.warning("albatross worker %d: failing %d of %d rows whose inputs the step refused: %s",
+                           self.index, len(refused.rows), len(plan.rows), refused)
+            finisher.fail_rows(refused.rows, refused.error)
+            rest = plan.without({row.task.task_id for row in refused.rows})
+            return self._issue(rest, finisher) if rest else None
         except Exception as error:
             logger.exception("albatross worker %d: step failed; failing its %d rows", self.index, len(plan.rows))
             finisher.fail_rows(plan.rows, error)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI
 from starlette.requests import Request
 from starlette.responses import Response
 
+from runner.admission import Admission
 from runner.metrics import ServerMetrics
 from runner.model_manager import ModelManager
 from runner.profile import RouteProfile
@@ -26,6 +27,7 @@ class AppContext:
     manager: ModelManager
     profile: RouteProfile
     metrics: ServerMetrics
+    admission: Admission = field(default_factory=Admission)
     deploy_mode: bool = False
     native_batch_handler: NativeBatchHandler | None = None
     request_exit: Callable[[], None] | None = None  # set by main.py: stops uvicorn

@@ -2,6 +2,8 @@
 
 `code` is the HTTP status; `type` names the class of error; `param` names the offending field where
 there is one; `request_id` is present on 500s and matches the server log line with the traceback.
+One exception, so that OpenAI clients recognise it and back off: a 429 is OpenAI's rate-limit shape,
+`{"error": {"message", "type": "requests", "param": null, "code": "rate_limit_exceeded"}}`.
 """
 
 from __future__ import annotations
@@ -28,23 +30,27 @@ ERROR_TYPES: dict[int, str] = {
     403: "permission_error",
     404: "not_found_error",
     405: "invalid_request_error",
+    408: "request_timeout",
     409: "conflict_error",
     413: "request_too_large",
     422: "invalid_request_error",
+    429: "requests",
     499: "client_closed_request",
     500: "server_error",
     503: "service_unavailable",
 }
+RATE_LIMIT_CODE = "rate_limit_exceeded"
 
 
 class ApiError(Exception):
     """Raised anywhere below a route; becomes a JSON error response with `status_code`."""
 
-    def __init__(self, status_code: int, message: str, param: str | None = None) -> None:
+    def __init__(self, status_code: int, message: str, param: str | None = None, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
         self.status_code = status_code
         self.message = message
         self.param = param
+        self.headers = headers  # e.g. Retry-After on a 429
 
 
 class ClientGone(ApiError):
@@ -56,6 +62,8 @@ class ClientGone(ApiError):
 
 def error_payload(status_code: int, message: str, param: str | None = None, request_id: str | None = None) -> dict[str, Any]:
     error: dict[str, Any] = {"message": message, "type": ERROR_TYPES.get(status_code, "error"), "code": status_code}
+    if status_code == 429:
+        error["code"], error["param"] = RATE_LIMIT_CODE, param
     if param is not None:
         error["param"] = param
     if request_id is not None:
@@ -63,8 +71,8 @@ def error_payload(status_code: int, message: str, param: str | None = None, requ
     return {"error": error}
 
 
-def error_response(status_code: int, message: str, param: str | None = None, request_id: str | None = None) -> JSONResponse:
-    return JSONResponse(error_payload(status_code, message, param, request_id), status_code=status_code)
+def error_response(status_code: int, message: str, param: str | None = None, request_id: str | None = None, headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse(error_payload(status_code, message, param, request_id), status_code=status_code, headers=headers)
 
 
 def error_bytes(status_code: int, message: str, param: str | None = None) -> bytes:
@@ -104,7 +112,7 @@ def internal_error(exc: BaseException, context: str) -> tuple[str, str]:
 def install_error_handlers(app: FastAPI) -> None:
     async def on_api_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ApiError)
-        return error_response(exc.status_code, exc.message, exc.param)
+        return error_response(exc.status_code, exc.message, exc.param, headers=exc.headers)
 
     async def on_backend_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, BackendError)

@@ -20,11 +20,13 @@ from typing import Protocol
 import anyio
 from starlette.requests import Request
 
+from runner.admission import Ticket
 from runner.errors import ApiError, ClientGone, internal_error
 from runner.interface import AbstractRWKV, BackendError, FinishReason, GenerationEvent, GenerationRequest, TokenLogprob
 from runner.metrics import ServerMetrics
 from runner.model_manager import ModelManager
 from runner.profile import RouteProfile
+from runner.request_log import request_record
 from runner.sse import DONE_EVENT, error_event
 
 log = logging.getLogger("runner.generation")
@@ -138,6 +140,7 @@ class GenerationDriver:
         jobs: Sequence[ChoiceJob],
         profile: RouteProfile,
         metrics: ServerMetrics,
+        ticket: Ticket | None = None,
     ) -> None:
         self.request = request
         self.profile = profile
@@ -150,6 +153,10 @@ class GenerationDriver:
         self._check_interval = disconnect_check_interval()
         self._tokens_since_check = 0
         self._checked_once = False
+        self._awaiting_first = True
+        self._record = request_record(request)  # the request's log line (runner.request_log)
+        self._ticket = ticket or Ticket(None, 0)  # its place in runner.admission's count
+        self._ticket.release_with(self)
 
     async def prime(self) -> None:
         self._pending = await self._next()
@@ -169,23 +176,52 @@ class GenerationDriver:
     async def _next(self) -> ChoiceEvent | None:
         waited_from = time.perf_counter()
         try:
-            index, event = await self._events.__anext__()
+            if self._awaiting_first:
+                index, event = await self._first_event()
+                self._awaiting_first = False
+            else:
+                index, event = await self._events.__anext__()
         except StopAsyncIteration:
             return None
         now = time.perf_counter()
         if self.profile.enabled:
             self.profile.engine_wait_ms += (now - waited_from) * 1000.0
             self.profile.tokens += len(event.token_ids)
+        record = self._record
         if event.token_ids:
             if self._last_token_at is None:
                 self.metrics.time_to_first_token.observe(now - self._started)
+                if record is not None:
+                    record.ttft_s = now - self._started
             else:
                 self.metrics.inter_token.observe((now - self._last_token_at) / len(event.token_ids))
             self._last_token_at = now
         if event.finish_reason is not None:
             self.metrics.prompt_tokens += event.prompt_tokens
             self.metrics.completion_tokens += event.completion_tokens
+            if record is not None:
+                record.prompt_tokens += event.prompt_tokens
+                record.completion_tokens += event.completion_tokens
+                record.finish_reasons.append(event.finish_reason)
         return index, event
+
+    async def _first_event(self) -> ChoiceEvent:
+        """The first event, or ClientGone as soon as the client disconnects while the request still
+        waits for it (queued for a slot, or prefilling): closing the events then aborts the request
+        before it takes a slot. Nothing else reads the connection before the first event."""
+        events = asyncio.ensure_future(self._events.__anext__())
+        gone = asyncio.ensure_future(_disconnected(self.request))
+        try:
+            await asyncio.wait({events, gone}, return_when=asyncio.FIRST_COMPLETED)
+            if events.done():
+                return events.result()
+            raise ClientGone()
+        finally:
+            for waiter in (events, gone):
+                if not waiter.done():
+                    waiter.cancel()
+            with anyio.CancelScope(shield=True):
+                await asyncio.gather(events, gone, return_exceptions=True)
 
     async def client_gone(self, new_tokens: int) -> bool:
         """Checks on the first event and then every `interval` tokens; cheap otherwise."""
@@ -202,6 +238,14 @@ class GenerationDriver:
 
     async def aclose(self) -> None:
         await close_quietly(self._events)
+        self._ticket.release()
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns once the client has disconnected (the body was read already: the only message the
+    connection still has to give is the disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
 
 
 def raise_for_failure(event: GenerationEvent) -> None:

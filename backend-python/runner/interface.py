@@ -180,6 +180,11 @@ class AbstractRWKV(abc.ABC):
     def get_embedding(self, text: str) -> list[float]:
         raise NotImplementedError(f"the {self.backend_name} backend does not support embeddings")
 
+    def generation_slots(self) -> int:
+        """How many generations run at once (the others queue): the unit of the runner's
+        back-pressure limit (runner.admission)."""
+        return 1
+
     def status(self) -> dict[str, object]:
         """Backend-specific fields merged into GET /status under `effective`."""
         return {}

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from runner.backends import BACKENDS, BackendEntry, BackendLoadError, UnknownStrategy, find_backend, load_factory
+from runner import heap
 from runner.errors import ApiError, ClientGone
 from runner.interface import AbstractRWKV, SamplingDefaults
 from runner.settings import ServerSettings
@@ -80,6 +81,8 @@ class ModelManager:
         # backends that know the spec accept it, the others fail the load with their reason.
         path = model if model.startswith(RANDOM_MODEL_PREFIX) else self.resolve_model_path(model)
         self.status = ModelStatus.LOADING  # set before the first await: a concurrent switch sees it
+        previous = f" (replacing {self.model_path} with {self.strategy!r})" if self.model_path else ""
+        log.info("loading %s with %r%s", path, strategy, previous)
         try:
             backend = await asyncio.to_thread(self._replace_backend, entry, str(path), strategy)
         except asyncio.CancelledError:
@@ -115,6 +118,8 @@ class ModelManager:
                 old.shutdown()
             except Exception:
                 log.exception("shutting down the %s backend failed", old.backend_name)
+            del old
+            heap.trim()  # what the old model freed goes back to the OS, not into glibc's arenas
 
     def _forget_backend(self) -> None:
         self.backend, self.backend_entry = None, None
@@ -127,6 +132,7 @@ class ModelManager:
         if self.backend is not None:
             self.status = ModelStatus.OFFLINE  # requests arriving during the shutdown get 503
             await asyncio.to_thread(self._shutdown_current)
+            log.info("unloaded %s", self.model_path)
         self._forget_backend()
 
     # ---- serving -------------------------------------------------------------------------------
@@ -190,4 +196,5 @@ class ModelManager:
         if self.backend is not None:
             self.status = ModelStatus.OFFLINE
             await asyncio.to_thread(self._shutdown_current)
+            log.info("unloaded %s (shutting down)", self.model_path)
         self._forget_backend()

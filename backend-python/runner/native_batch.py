@@ -173,10 +173,15 @@ async def _prepare(request: Request, spec: NativeSpec) -> tuple[GenerationDriver
     backend = ctx.manager.require_backend()
     check_item_count(len(spec.prompts), ctx.settings.max_batch_items, spec.field_name)
     check_max_tokens(spec.sampling.max_tokens, ctx.settings.max_tokens)
-    encoded = await encode_prompts(backend, spec.prompts, ctx.settings.max_prompt_tokens, spec.field_name, spec.state)
-    # The native reply's id is fixed per route; the engine's request ids stay unique.
-    jobs = build_jobs(encoded, spec.sampling, f"{spec.response_id}-{time.monotonic_ns():x}", spec.state)
-    return GenerationDriver(request, ctx.manager, backend, jobs, ctx.profile, ctx.metrics), jobs
+    ticket = ctx.admission.admit(len(spec.prompts), backend.generation_slots())  # 429 past the queue
+    try:
+        encoded = await encode_prompts(backend, spec.prompts, ctx.settings.max_prompt_tokens, spec.field_name, spec.state)
+        # The native reply's id is fixed per route; the engine's request ids stay unique.
+        jobs = build_jobs(encoded, spec.sampling, f"{spec.response_id}-{time.monotonic_ns():x}", spec.state)
+        return GenerationDriver(request, ctx.manager, backend, jobs, ctx.profile, ctx.metrics, ticket), jobs
+    except BaseException:
+        ticket.release()  # the driver releases it from here on
+        raise
 
 
 async def _native_stream(

@@ -11,6 +11,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from runner.interface import PREFIX_CACHE_KEY_PREFIX, SamplingParams
+from runner.schemas import Index, Penalty, TopK, stop_strings
 
 DEFAULT_NATIVE_STOPS: tuple[str, ...] = ("\nUser:",)
 
@@ -32,10 +33,10 @@ class NativeBatchRequest(_NativeBody):
     max_tokens: int = Field(8192, ge=0)
     stop_tokens: list[str] = Field(default_factory=lambda: list(DEFAULT_NATIVE_STOPS))
     temperature: float = Field(1.0, ge=0, le=100, allow_inf_nan=False)
-    top_k: int = Field(50, ge=0)
+    top_k: TopK = 50
     top_p: float = Field(0.6, ge=0, le=1, allow_inf_nan=False)
-    alpha_presence: float = Field(2.0, allow_inf_nan=False)
-    alpha_frequency: float = Field(0.2, allow_inf_nan=False)
+    alpha_presence: Penalty = 2.0
+    alpha_frequency: Penalty = 0.2
     alpha_decay: float = Field(0.996, ge=0, le=1, allow_inf_nan=False)
     stream: bool = False
     chunk_size: int = Field(4, ge=1, le=4096)
@@ -46,9 +47,8 @@ class NativeBatchRequest(_NativeBody):
 
     @field_validator("stop_tokens")
     @classmethod
-    def _no_empty_stop(cls, stops: list[str]) -> list[str]:
-        if any(stop == "" for stop in stops):
-            raise ValueError("stop strings must not be empty")
+    def _stop_strings(cls, stops: list[str]) -> list[str]:
+        stop_strings(stops, "stop_tokens")
         return stops
 
     def sampling(self, stops: tuple[str, ...] | None = None) -> SamplingParams:
@@ -68,10 +68,10 @@ class NativeBatchRequest(_NativeBody):
 class NativeBatchRequestV2(NativeBatchRequest):
     """`/v2/chat/completions`: the same fields with wider sampling defaults."""
 
-    top_k: int = Field(500, ge=0)
+    top_k: TopK = 500
     top_p: float = Field(0.5, ge=0, le=1, allow_inf_nan=False)
-    alpha_presence: float = Field(1.0, allow_inf_nan=False)
-    alpha_frequency: float = Field(0.1, allow_inf_nan=False)
+    alpha_presence: Penalty = 1.0
+    alpha_frequency: Penalty = 0.1
     alpha_decay: float = Field(0.99, ge=0, le=1, allow_inf_nan=False)
 
 
@@ -106,7 +106,7 @@ class StateChatRequest(NativeBatchRequest):
     `dialogue_idx` are optional here so that leaving them out is the documented 400, not a 422."""
 
     session_id: str | None = Field(None, max_length=512)
-    dialogue_idx: int | None = Field(None, ge=0)
+    dialogue_idx: Index | None = None
 
     @field_validator("session_id")
     @classmethod

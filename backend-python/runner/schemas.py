@@ -3,25 +3,40 @@ field); unknown fields are kept in `model_extra` so routes can log them once and
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
-from typing import Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 from starlette.requests import Request
 
-from runner.auth import JSON_BODY_STATE_KEY
 from runner.errors import ApiError, from_pydantic
 from runner.interface import LOGIT_BIAS_LIMIT
+from runner.json_body import JSON_BODY_STATE_KEY, BodyError, parse_json_body
+from runner.limits import MAX_INDEX, MAX_PENALTY, MAX_TOP_K, SEED_RANGE, check_stop_strings, check_stop_token_ids
 
 log = logging.getLogger("runner.schemas")
 
-MAX_STOP_STRINGS = 32
 MAX_LOGIT_BIAS_ENTRIES = 1024  # bounds a request's share of the sampler's bias table
 VOCAB_SIZE = 65536  # RWKV World ids; a backend checks its own vocabulary again
 FUNCTION_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for function names
 BodyT = TypeVar("BodyT", bound=BaseModel)
+
+# The ranges every route shares (runner/limits.py says why each is bounded).
+TopK = Annotated[int, Field(ge=0, le=MAX_TOP_K)]
+Penalty = Annotated[float, Field(ge=-MAX_PENALTY, le=MAX_PENALTY, allow_inf_nan=False)]
+Seed = Annotated[int, Field(ge=SEED_RANGE[0], le=SEED_RANGE[1])]
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+Index = Annotated[int, Field(ge=0, le=MAX_INDEX)]
+
+
+def stop_strings(stops: str | list[str] | None, field_name: str) -> str | list[str] | None:
+    """Validator body for a stop field: empty strings are invalid (422), the caps are a 400."""
+    listed = [stops] if isinstance(stops, str) else (stops or [])
+    if any(stop == "" for stop in listed):
+        raise ValueError("stop strings must not be empty")
+    check_stop_strings(listed, field_name)  # ApiError: pydantic lets it through as it is
+    return stops
 
 
 class _Body(BaseModel):
@@ -95,9 +110,9 @@ class _SamplingKnobs(_Body):
     max_tokens: int | None = Field(None, ge=0)
     temperature: float | None = Field(None, ge=0, le=100, allow_inf_nan=False)
     top_p: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
-    top_k: int | None = Field(None, ge=0)
-    presence_penalty: float | None = Field(None, allow_inf_nan=False)
-    frequency_penalty: float | None = Field(None, allow_inf_nan=False)
+    top_k: TopK | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
     penalty_decay: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
 
     def sampling_values(self) -> dict[str, Any]:
@@ -115,8 +130,8 @@ class SamplingFields(_SamplingKnobs):
     stream: bool = False
     stream_options: StreamOptions | None = None
     stop: str | list[str] | None = Field(None)
-    stop_token_ids: list[int] | None = None
-    seed: int | None = None
+    stop_token_ids: list[TokenId] | None = None
+    seed: Seed | None = None
     n: int = Field(1, ge=1)
     user: str | None = None
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
@@ -139,13 +154,16 @@ class SamplingFields(_SamplingKnobs):
     def logit_bias_pairs(self) -> tuple[tuple[int, float], ...]:
         return tuple(sorted((int(key), float(bias)) for key, bias in (self.logit_bias or {}).items()))
 
-    def stop_problem(self) -> str | None:
-        stops = [self.stop] if isinstance(self.stop, str) else (self.stop or [])
-        if any(s == "" for s in stops):
-            return "stop strings must not be empty"
-        if len(stops) > MAX_STOP_STRINGS:
-            return f"at most {MAX_STOP_STRINGS} stop strings"
-        return None
+    @field_validator("stop")
+    @classmethod
+    def _stop_strings(cls, stop: str | list[str] | None) -> str | list[str] | None:
+        return stop_strings(stop, "stop")
+
+    @field_validator("stop_token_ids")
+    @classmethod
+    def _stop_token_ids(cls, token_ids: list[int] | None) -> list[int] | None:
+        check_stop_token_ids(token_ids or [], "stop_token_ids")
+        return token_ids
 
     def unsupported_field(self) -> str | None:
         """The first known OpenAI field that would change the result but is not supported."""
@@ -235,17 +253,19 @@ def log_unknown_fields(body: BaseModel, route: str) -> None:
 
 
 async def read_json_object(request: Request) -> dict[str, Any]:
-    """The body as a JSON object (reusing the auth middleware's parse when there was one)."""
-    cached = getattr(request.state, JSON_BODY_STATE_KEY, None)
-    if isinstance(cached, dict):
-        return cached
-    raw = await request.body()
-    if not raw.strip():
-        raise ApiError(400, "the request body is empty; send a JSON object")
-    try:
-        payload = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise ApiError(400, f"invalid JSON in the request body: {exc}") from exc
+    """The body as a JSON object: runner.json_body's parse (it runs before every route), or a parse
+    here when an app was built without it."""
+    state = request.scope.get("state", {})
+    if JSON_BODY_STATE_KEY in state:
+        payload = state[JSON_BODY_STATE_KEY]
+    else:
+        raw = await request.body()
+        if not raw.strip():
+            raise ApiError(400, "the request body is empty; send a JSON object")
+        try:
+            payload = parse_json_body(raw)
+        except BodyError as error:
+            raise ApiError(error.status_code, error.message, error.param) from None
     if not isinstance(payload, dict):
         raise ApiError(400, "the request body must be a JSON object")
     return payload

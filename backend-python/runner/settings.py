@@ -7,6 +7,7 @@ its twin, the twin wins over the default. Boolean flags read their twin as 1/tru
 from __future__ import annotations
 
 import argparse
+import math
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ GIB = 1024 * MIB
 
 # rwkv_lightning's `--inference-engine` / `--backend` values and the strategies they mean here.
 ENGINE_STRATEGIES: dict[str, str] = {"fp16": "albatross workers=1 batch=32"}
+LOG_FORMATS = ("text", "json")
 
 
 def default_data_dir(environ: Mapping[str, str] | None = None) -> Path:
@@ -71,6 +73,20 @@ def _state_store_url(text: str) -> str:
     return url
 
 
+def _non_negative_float(text: str) -> float:
+    value = float(text)
+    if not (value >= 0 and math.isfinite(value)):
+        raise ValueError(f"must be a finite number >= 0, got {text!r}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise ValueError(f"must be >= 0, got {text!r}")
+    return value
+
+
 def _port(text: str) -> int:
     value = int(text)
     if not 0 <= value <= 65535:
@@ -102,11 +118,16 @@ class ServerSettings:
     drain_timeout: float = 30.0  # seconds running streams get after SIGTERM
     cors_origins: tuple[str, ...] = ()
     log_level: str = "info"
+    request_read_timeout: float = 30.0  # seconds for a request's headers, and again for its body; 0: none
+    log_format: str = "text"  # or "json": one JSON object per line
+    max_queued_requests: int | None = None  # generations waiting beyond the slots; None: 4 x the slots (runner.admission)
 
     def __post_init__(self) -> None:
         for name in ("max_tokens", "max_prompt_tokens", "max_batch_items", "max_body_bytes"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1")
+        if self.log_format not in LOG_FORMATS:
+            raise ValueError(f"log_format must be one of {', '.join(LOG_FORMATS)}, got {self.log_format!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +173,39 @@ _FLAGS: tuple[_Flag, ...] = (
     _Flag("drain_timeout", "seconds running requests get to finish after SIGTERM before they end with an error", _positive_seconds),
     _Flag("cors_origins", "comma-separated origins allowed by CORS ('*' for any)"),
     _Flag("log_level", "uvicorn log level"),
+    _Flag("request_read_timeout", "seconds a client may take to send a request's headers, and its body (0: no limit)", _non_negative_float),
+    _Flag("max_queued_requests", "generations that may wait for a slot; beyond them a request gets 429", _non_negative_int),
+    _Flag("log_format", f"log lines as {' or '.join(LOG_FORMATS)} (json: one object per line, for log collectors)"),
 )
+
+
+def _shown_default(flag: _Flag) -> str:
+    """The default as --help prints it (argparse's own defaults are None, so env twins can apply)."""
+    if flag.name == "state_cache_path":
+        return str(default_data_dir() / "states.sqlite3")
+    if flag.name == "max_queued_requests":
+        from runner.admission import QUEUE_SLOTS_MULTIPLE  # lazy: keeps settings free of runner imports
+
+        return f"{QUEUE_SLOTS_MULTIPLE} x the backend's slots"
+    if flag.name == "strategy":
+        from runner.backends import BACKENDS  # lazy: the registry imports these settings
+
+        return f"{BACKENDS[0].default_strategy!r}, or {BACKENDS[-1].default_strategy!r} without the {BACKENDS[0].name} module"
+    value = ServerSettings.__dataclass_fields__[flag.name].default
+    if flag.parse is None:
+        return "on" if value else "off"
+    if value is None or value == ():
+        return "none"
+    if flag.parse is _parse_byte_size and isinstance(value, int):
+        return _format_bytes(value)
+    return str(value)
+
+
+def _format_bytes(value: int) -> str:
+    for unit, size in (("GiB", GIB), ("MiB", MIB)):
+        if value >= size and value % size == 0:
+            return f"{value // size}{unit}"
+    return str(value)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -162,10 +215,11 @@ def build_parser() -> argparse.ArgumentParser:
         f"Every --flag has an environment twin {ENV_PREFIX}FLAG (dashes become underscores).",
     )
     for flag in _FLAGS:
+        shown = f"{flag.help} (default: {_shown_default(flag)}) [{flag.env}]"
         if flag.parse is None:
-            parser.add_argument(flag.option, action="store_true", default=None, help=f"{flag.help} [{flag.env}]")
+            parser.add_argument(flag.option, action="store_true", default=None, help=shown)
         else:
-            parser.add_argument(flag.option, default=None, help=f"{flag.help} [{flag.env}]")
+            parser.add_argument(flag.option, default=None, help=shown)
     parser.add_argument(
         "--inference-engine",
         "--backend",

@@ -23,6 +23,7 @@ from runner.backends import BACKENDS, BackendEntry
 from runner.context import app_context
 from runner.interface import AbstractRWKV, BackendError, GenerationEvent, GenerationRequest, SamplingDefaults
 from runner.model_manager import ModelStatus
+from runner.server import uvicorn_config
 from runner.settings import ServerSettings
 
 Script = Callable[[GenerationRequest], list[str]]
@@ -153,12 +154,17 @@ def sse_payloads(text: str) -> list[str]:
 
 
 @contextlib.contextmanager
-def live_server(app: FastAPI) -> Iterator[str]:
-    """Serve `app` with uvicorn on a free local port in a thread; yields the base URL."""
+def live_server(app: FastAPI, settings: ServerSettings | None = None) -> Iterator[str]:
+    """Serve `app` with uvicorn on a free local port in a thread; yields the base URL. With
+    `settings`, the server is configured as main.py configures it (runner.server)."""
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    if settings is None:
+        config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
+    else:
+        config = uvicorn_config(app, dataclasses.replace(settings, host="127.0.0.1", port=port, log_level="warning"))
+    server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, name="test-uvicorn", daemon=True)
     thread.start()
     try:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -100,3 +101,15 @@ def test_web_gui_files_are_open_but_the_api_beside_them_is_not(tmp_path: Path) -
         assert client.get("/app.js").status_code == 200
         assert client.get("/status").status_code == 401
         assert client.post("/v1/completions", json={"prompt": "x"}).status_code == 401
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "text/plain;charset=UTF-8", "application/x-www-form-urlencoded", None])
+def test_a_password_field_counts_whatever_the_content_type(client: TestClient, content_type: str | None) -> None:
+    """Bodies are read as JSON whatever the Content-Type (browsers' simple requests send text/plain)."""
+    headers = {"Content-Type": content_type} if content_type else {}
+    body = json.dumps({"prompt": "x", "password": PASSWORD})
+    reply = client.post("/v1/completions", content=body, headers=headers)
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["choices"][0]["text"] == "ok"
+    wrong = client.post("/v1/completions", content=json.dumps({"prompt": "x", "password": "nope"}), headers=headers)
+    assert_refused(wrong.status_code, wrong.json(), f"wrong password field with {content_type}")

@@ -141,3 +141,151 @@ def test_a_streamed_10_mb_body_without_length_is_cut_off_at_the_limit() -> None:
         except (httpx.WriteError, httpx.RemoteProtocolError, httpx.ReadError):
             pass  # the server may close the connection while the client is still writing: also a refusal
         assert httpx.post(base_url + CHAT, json={"messages": HI}).status_code == 200
+
+
+# Numeric ranges and stop-string caps: refused at the route, before anything reaches a backend.
+
+NATIVE_ROUTES = ("/v2/chat/completions", "/big_batch/completions", "/state/chat/completions")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("top_k", 2**63),
+        ("top_k", 2**31),
+        ("presence_penalty", 1e308),
+        ("frequency_penalty", -1e30),
+        ("seed", 2**64),
+        ("seed", -(2**63) - 1),
+        ("stop_token_ids", [2**40]),
+        ("stop_token_ids", [-1]),
+    ],
+)
+def test_out_of_range_numbers_are_422_naming_the_field(client: TestClient, field: str, value: object) -> None:
+    for route, body in ((CHAT, {"messages": HI}), ("/v1/completions", {"prompt": "x"})):
+        assert_error(client.post(route, json={**body, field: value}), 422, field)
+    assert_still_serving(client)
+
+
+@pytest.mark.parametrize(("field", "value"), [("top_k", 2**63), ("alpha_presence", 1e300), ("alpha_frequency", -1e300)])
+def test_out_of_range_native_numbers_are_422_naming_the_field(client: TestClient, field: str, value: object) -> None:
+    for route in (CHAT, *NATIVE_ROUTES):
+        body = {"contents": ["hi"], "session_id": "s", field: value}
+        assert_error(client.post(route, json=body), 422, field)
+    assert_still_serving(client)
+
+
+def test_dialogue_index_beyond_64_bits_is_422(client: TestClient) -> None:
+    body = {"contents": ["hi"], "session_id": "s", "dialogue_idx": 2**64}
+    assert_error(client.post("/multi_state/chat/completions", json=body), 422, "dialogue_idx")
+
+
+def test_too_many_or_too_long_stop_strings_are_400_naming_the_limit(client: TestClient) -> None:
+    from runner.limits import MAX_STOP_LENGTH, MAX_STOP_STRINGS
+
+    many = [f"s{i}" for i in range(MAX_STOP_STRINGS + 1)]
+    long = "x" * (MAX_STOP_LENGTH + 1)
+    for route, field, body in (
+        (CHAT, "stop", {"messages": HI}),
+        ("/v1/completions", "stop", {"prompt": "x"}),
+        ("/openai/v1/chat/completions", "stop", {"messages": HI}),
+        (CHAT, "stop_tokens", {"contents": ["hi"]}),
+        ("/v2/chat/completions", "stop_tokens", {"contents": ["hi"]}),
+        ("/big_batch/completions", "stop_tokens", {"contents": ["hi"]}),
+        ("/state/chat/completions", "stop_tokens", {"contents": ["hi"], "session_id": "s"}),
+    ):
+        too_many = client.post(route, json={**body, field: many})
+        assert_error(too_many, 400, f"at most {MAX_STOP_STRINGS} stop strings")
+        assert too_many.json()["error"]["param"] == field
+        assert_error(client.post(route, json={**body, field: long}), 400, f"{MAX_STOP_LENGTH} characters")
+        assert_error(client.post(route, json={**body, field: [long]}), 400, f"{MAX_STOP_LENGTH} characters")
+    assert_still_serving(client)
+
+
+def test_a_one_megabyte_native_stop_string_is_refused_without_growing_the_server(client: TestClient) -> None:
+    """It took the server to 18.8 GB (every prefix of the stop was stored)."""
+    reply = client.post("/v2/chat/completions", json={"contents": ["hi"], "stop_tokens": ["y" * (1024 * 1024)]})
+    assert_error(reply, 400, "stop_tokens")
+    assert_still_serving(client)
+
+
+def test_too_many_stop_token_ids_are_400_naming_the_limit(client: TestClient) -> None:
+    from runner.limits import MAX_STOP_TOKEN_IDS
+
+    reply = client.post(CHAT, json={"messages": HI, "stop_token_ids": list(range(MAX_STOP_TOKEN_IDS + 1))})
+    assert_error(reply, 400, f"at most {MAX_STOP_TOKEN_IDS}")
+
+
+def test_a_refused_update_config_leaves_the_defaults_as_they_were(client: TestClient) -> None:
+    """`{"top_k": 2**63}` used to answer "success" and fail every later request without a top_k."""
+    manager = client.app.state.context.manager  # type: ignore[attr-defined]
+    before = manager.config_overrides
+    for bad in ({"top_k": 2**63}, {"presence_penalty": 1e308}, {"temperature": float("nan")}, {"max_tokens": 2**70}):
+        response = client.post("/update-config", content=json.dumps(bad), headers={"Content-Type": "application/json"})
+        assert response.status_code in (400, 422), f"{bad}: {response.status_code} {response.text}"
+        assert response.json()["error"]["param"] == next(iter(bad))
+    assert manager.config_overrides == before
+    assert_still_serving(client)
+
+
+# Hostile JSON: answered 400 before the password is checked, without a traceback in the log.
+
+POST_PATHS = (CHAT, "/v1/completions", "/v2/chat/completions", "/state/delete", "/switch-model", "/update-config", "/no/such/route")
+
+
+@pytest.fixture
+def guarded_client() -> Iterator[TestClient]:
+    with TestClient(make_app(settings_with(password="pw"), ScriptedBackend(["fine"])), raise_server_exceptions=False) as test_client:
+        yield test_client
+
+
+@pytest.mark.parametrize("opener", ["[", '{"a":'])
+def test_a_body_nested_100000_deep_is_400_before_auth_without_a_traceback(guarded_client: TestClient, opener: str, caplog: pytest.LogCaptureFixture) -> None:
+    closer = "]" if opener == "[" else "}"
+    deep = opener * 100_000 + "1" + closer * 100_000
+    for path in POST_PATHS:
+        response = guarded_client.post(path, content=deep, headers={"Content-Type": "application/json"})
+        assert_error(response, 400, "nested too deeply")
+    assert not [r for r in caplog.records if r.levelno >= 40], [r.getMessage() for r in caplog.records if r.levelno >= 40]
+    ok = guarded_client.post(CHAT, json={"messages": HI}, headers={"Authorization": "Bearer pw"})
+    assert ok.status_code == 200
+
+
+def test_a_body_nested_deep_but_parseable_is_an_ordinary_answer(client: TestClient) -> None:
+    nested: object = 1
+    for _ in range(500):
+        nested = [nested]
+    response = client.post(CHAT, json={"messages": HI, "metadata": nested})  # an unknown field: ignored
+    assert response.status_code == 200, response.text
+    assert_error(client.post(CHAT, json={"messages": HI, "tools": [nested]}), 422, "tools")
+
+
+LONE = '"\\ud800"'  # a JSON escape of half a surrogate pair: no character, not encodable as UTF-8
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "field"),
+    [
+        (CHAT, '{"messages": [{"role": "user", "content": "Hi"}], "model": ' + LONE + "}", "model"),
+        ("/v1/completions", '{"prompt": "x", "model": ' + LONE + "}", "model"),
+        ("/v1/completions", '{"prompt": ' + LONE + "}", "prompt"),
+        (CHAT, '{"messages": [{"role": "user", "content": ' + LONE + "}]}", "messages.0.content"),
+        (CHAT, '{"contents": ["hi"], "model": ' + LONE + "}", "model"),
+        ("/v2/chat/completions", '{"contents": ["hi"], "model": ' + LONE + "}", "model"),
+        ("/translate/v1/batch-translate", '{"target_lang": "en", "text_list": ["x"], "source_lang": ' + LONE + "}", "source_lang"),
+        ("/state/delete", '{"session_id": ' + LONE + "}", "session_id"),
+        ("/switch-model", '{"model": ' + LONE + ', "strategy": "fake"}', "model"),
+        (CHAT, '{"messages": [{"role": "user", "content": "Hi"}], ' + LONE + ": 1}", "\\ud800"),
+    ],
+)
+def test_a_lone_surrogate_is_400_naming_the_field(client: TestClient, path: str, raw: str, field: str) -> None:
+    response = client.post(path, content=raw.encode(), headers={"Content-Type": "application/json"})
+    assert_error(response, 400, "surrogate")
+    assert response.json()["error"]["param"] == field
+    assert_still_serving(client)
+
+
+def test_a_surrogate_pair_is_an_ordinary_character(client: TestClient) -> None:
+    raw = '{"messages": [{"role": "user", "content": "Hi"}], "model": "\\ud83d\\ude00"}'
+    response = client.post(CHAT, content=raw.encode(), headers={"Content-Type": "application/json"})
+    assert response.status_code == 200 and response.json()["model"] == "\U0001f600"

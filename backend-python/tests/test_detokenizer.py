@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import tracemalloc
 from collections.abc import Sequence
 
 import pytest
@@ -201,6 +202,60 @@ def test_matcher_never_emits_a_character_of_the_stop_it_later_matches() -> None:
         output, stopped, emitted = _run_matcher(pieces, ["\n\nUser"])
         expected_cut = text.index("\n\nUser")
         assert stopped and output == text[:expected_cut], f"{pieces} gave {emitted}"
+
+
+def _longest_suffix_that_starts_a_stop(text: str, stops: Sequence[str]) -> str:
+    """Oracle for the held text: the longest suffix of `text` that is a proper prefix of a stop."""
+    for start in range(len(text)):
+        tail = text[start:]
+        if any(len(tail) < len(stop) and stop.startswith(tail) for stop in stops):
+            return tail
+    return ""
+
+
+def test_matcher_holds_exactly_the_longest_suffix_that_starts_a_stop_after_every_push() -> None:
+    rng = random.Random(23)
+    stop_sets = [["abab", "ba"], ["aab", "b\n"], ["aaaa", "ab"], ["\n\nUser", "\n\nQ"]]
+    for trial in range(600):
+        stops = stop_sets[trial % len(stop_sets)]
+        text = "".join(rng.choice("ab\nUserQ") for _ in range(rng.randrange(0, 30)))
+        matcher = StopMatcher(stops)
+        seen = ""
+        for piece in ["".join(p) for p in _random_splits(text, rng)]:  # type: ignore[arg-type]
+            emitted, stopped = matcher.push(piece)
+            if stopped:
+                break
+            seen += piece
+            expected = _longest_suffix_that_starts_a_stop(seen, stops)
+            assert matcher.held == expected, f"after {seen!r} with stops {stops}: held {matcher.held!r}, expected {expected!r}"
+
+
+def _peak_bytes_of(build: object) -> int:
+    tracemalloc.start()
+    try:
+        kept = build()  # type: ignore[operator]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    del kept
+    return peak
+
+
+def test_matcher_memory_is_linear_in_the_stop_length() -> None:
+    """A stop of n characters costs O(n) bytes; storing every prefix cost O(n^2) (20k characters:
+    ~150 MiB, 1 MB killed the server)."""
+    length = 20_000
+    stop = "".join(random.Random(24).choice("abcdefgh") for _ in range(length))
+    peak = _peak_bytes_of(lambda: StopMatcher([stop]))
+    assert peak < 64 * length, f"a {length}-character stop took {peak} bytes to prepare"
+
+
+def test_matcher_follows_a_self_overlapping_stop_through_a_long_near_match() -> None:
+    stop = "a" * 2000 + "b"
+    matcher = StopMatcher([stop, "ab"])
+    assert matcher.push("x" + "a" * 5000) == ("x" + "a" * 3000, False)
+    assert matcher.held == "a" * 2000
+    assert matcher.push("b") == ("", True), "both stops end here; the one that starts first wins"
 
 
 # TextStream

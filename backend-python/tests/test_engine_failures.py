@@ -145,15 +145,25 @@ def test_a_running_engine_freezes_startup_objects_and_shutdown_restores_the_coll
 
     if gc_policy._running:
         pytest.skip("another engine of this process is still running")
+    """What the policy promises is that what the engine froze is thawed and collectable again, and
+    the thresholds are back. Not that the process-wide freeze count is 0: other code may freeze
+    objects of its own (on the H200 image 375 objects were frozen after the engine's shutdown), and
+    the policy must not count on knowing about it."""
     before = gc.get_threshold()
+    frozen_before = gc.get_freeze_count()
     backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=2, device="cpu")
     model = weakref.ref(backend.core.workers[0].model)
-    assert gc.get_threshold()[0] >= gc_policy.GEN0_THRESHOLD and gc.get_freeze_count() > 0
+    frozen_running = gc.get_freeze_count()
+    assert gc.get_threshold()[0] >= gc_policy.GEN0_THRESHOLD and frozen_running > frozen_before
     backend.shutdown()
-    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    frozen_after = gc.get_freeze_count()
+    assert gc.get_threshold() == before
+    assert frozen_after < frozen_running // 10, (
+        f"freeze count {frozen_before} before the engine, {frozen_running} while it ran, {frozen_after} after its shutdown"
+    )
     del backend
     gc.collect()
-    assert model() is None, "the shut-down engine's model is still alive"
+    assert model() is None, "the shut-down engine's model is still alive (still frozen?)"
 
 
 def test_a_missing_checkpoint_fails_initialization_with_the_documented_prefix(tmp_path: Path) -> None:

@@ -62,3 +62,23 @@ def test_a_bad_value_exits_naming_the_flag(argv: list[str], named: str, capsys: 
 def test_settings_are_frozen() -> None:
     with pytest.raises(AttributeError):
         ServerSettings().port = 1  # type: ignore[misc]
+
+
+def test_reliability_flags_and_their_twins() -> None:
+    defaults = settings_from_args([], environ={})
+    assert (defaults.request_read_timeout, defaults.max_queued_requests, defaults.log_format) == (30.0, None, "text")
+    given = settings_from_args(["--request-read-timeout", "2.5", "--max-queued-requests", "0", "--log-format", "json"], environ={})
+    assert (given.request_read_timeout, given.max_queued_requests, given.log_format) == (2.5, 0, "json")
+    twins = settings_from_args([], environ={"RWKV_REQUEST_READ_TIMEOUT": "0", "RWKV_MAX_QUEUED_REQUESTS": "12", "RWKV_LOG_FORMAT": "json"})
+    assert (twins.request_read_timeout, twins.max_queued_requests, twins.log_format) == (0.0, 12, "json")
+
+
+@pytest.mark.parametrize(
+    ("argv", "named"),
+    [(["--request-read-timeout", "-1"], "--request-read-timeout"), (["--request-read-timeout", "inf"], "--request-read-timeout"),
+     (["--max-queued-requests", "-3"], "--max-queued-requests"), (["--log-format", "xml"], "log_format")],
+)
+def test_bad_reliability_values_exit_naming_the_flag(argv: list[str], named: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        settings_from_args(argv, environ={})
+    assert named in capsys.readouterr().err

@@ -17,5 +17,6 @@ async def metrics(request: Request) -> PlainTextResponse:
     backend = ctx.manager.backend
     status = dict(backend.status()) if backend is not None else {}
     labels = [("backend", backend.backend_name), ("model", backend.name)] if backend is not None else []
-    text = render(ctx.metrics, int(ctx.manager.status), status, labels)
+    admission = (ctx.admission.in_flight, ctx.admission.limit(backend.generation_slots())) if backend is not None else None
+    text = render(ctx.metrics, int(ctx.manager.status), status, labels, admission)
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -116,21 +116,22 @@ async def _run_completion(ctx: AppContext, request: Request, spec: CompletionSpe
     unsupported = body.unsupported_field()
     if unsupported is not None:
         raise ApiError(400, f"{unsupported} is not supported by this server yet", unsupported)
-    stop_problem = body.stop_problem()
-    if stop_problem is not None:
-        raise ApiError(422, stop_problem, "stop")
     check_item_count(len(spec.prompts) * body.n, ctx.settings.max_batch_items, "n", what="choices")
     backend = ctx.manager.require_backend()
-    sampling = sampling_for(ctx, backend, spec)
-    encoded = await encode_prompts(backend, spec.prompts, ctx.settings.max_prompt_tokens, "prompt", spec.state)
-
     prefix = "chatcmpl" if kind == "chat" else "cmpl"
     response_id = f"{prefix}-{uuid.uuid4().hex}"
     created = int(time.time())
     model = body.model or backend.name
-    jobs = build_jobs(encoded, sampling, response_id, spec.state, body.n, spec.output.constraint)
     tools = spec.output.tools is not None
-    driver = GenerationDriver(request, ctx.manager, backend, jobs, ctx.profile, ctx.metrics)
+    ticket = ctx.admission.admit(len(spec.prompts) * body.n, backend.generation_slots())  # 429 past the queue
+    try:
+        sampling = sampling_for(ctx, backend, spec)
+        encoded = await encode_prompts(backend, spec.prompts, ctx.settings.max_prompt_tokens, "prompt", spec.state)
+        jobs = build_jobs(encoded, sampling, response_id, spec.state, body.n, spec.output.constraint)
+        driver = GenerationDriver(request, ctx.manager, backend, jobs, ctx.profile, ctx.metrics, ticket)
+    except BaseException:
+        ticket.release()  # the driver releases it from here on
+        raise
 
     if body.stream:
         try:
