@@ -17,13 +17,15 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from albatross import ops
+from albatross import linear, ops
 from albatross.checkpoint import ModelConfig, fingerprint, read_state_dict, resolve_checkpoint_path, validate_state_dict
 from albatross.dtypes import DTYPES, SUPPORTED_DTYPES, default_dtype_name, dtype_named
+from albatross.quant import DEFAULT_WEIGHT_FORMAT, check_weight_format, quantize
 from albatross.state import StatePool
 
 _ATT_MIX = ("x_r", "x_k", "x_v", "x_w", "x_a", "x_g")  # r, k, v first: their mixes feed one bmm
 _MATRICES = ("receptance.weight", "key.weight", "value.weight", "output.weight", "head.weight")
+_VIEWS_OF_RKV = ("receptance", "key", "value")
 _EMB_NORM_ROWS = 8192  # rows of the embedding layer-normed at once (bounds the fp32 temporary)
 
 
@@ -51,16 +53,17 @@ class LayerWeights:
     k_k: torch.Tensor
     k_a: torch.Tensor
     r_k: torch.Tensor  # [C]: the [H, N] checkpoint tensor flattened
-    rkv: torch.Tensor  # [3, C, C]: receptance, key, value stacked, so the three are one bmm
-    receptance: torch.Tensor  # views of rkv
-    key: torch.Tensor
-    value: torch.Tensor
-    output: torch.Tensor
+    # The large matrices: float tensors, or int8 with scales (`weights=int8`), multiplied through `linear`.
+    rkv: linear.Weight  # [3, C, C]: receptance, key, value stacked, so the three are one bmm
+    receptance: linear.Weight  # views of rkv
+    key: linear.Weight
+    value: linear.Weight
+    output: linear.Weight
     ln_x_weight: torch.Tensor
     ln_x_bias: torch.Tensor
     ffn_mix: torch.Tensor
-    ffn_key: torch.Tensor  # [C, F]
-    ffn_value: torch.Tensor  # [F, C]
+    ffn_key: linear.Weight  # [C, F]
+    ffn_value: linear.Weight  # [F, C]
 
 
 def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torch.dtype:
@@ -75,12 +78,16 @@ def resolve_dtype(dtype: torch.dtype | str | None, device: torch.device) -> torc
 
 class _Converter:
     """Moves tensors out of a state dict one at a time: pop (freeing the source once converted),
-    transpose matrices, flatten vectors, cast, place on the device."""
+    transpose matrices, flatten vectors, cast, place on the device. With `weights="int8"` the
+    large matrices are quantized on the device from the file's own precision."""
 
-    def __init__(self, source: MutableMapping[str, torch.Tensor], device: torch.device, dtype: torch.dtype, progress: bool):
+    def __init__(
+        self, source: MutableMapping[str, torch.Tensor], device: torch.device, dtype: torch.dtype, weights: str, progress: bool
+    ):
         self.source = source
         self.device = device
         self.dtype = dtype
+        self.weights = weights
         self.bar = tqdm(total=len(source), desc="loading weights", unit="tensor", file=sys.stderr, disable=not progress)
 
     def take(self, key: str) -> torch.Tensor:
@@ -95,6 +102,22 @@ class _Converter:
 
     def take_stacked(self, keys: Sequence[str]) -> torch.Tensor:
         return torch.stack([self.take(key) for key in keys])
+
+    def take_matrix(self, key: str) -> linear.Weight:
+        """A large matrix `[in, out]`, in the model dtype or quantized."""
+        if self.weights == "fp16":
+            return self.take(key)
+        return quantize(self._raw_matrix(key))
+
+    def take_matrices(self, keys: Sequence[str]) -> linear.Weight:
+        if self.weights == "fp16":
+            return self.take_stacked(keys)
+        return quantize(torch.stack([self._raw_matrix(key) for key in keys]))
+
+    def _raw_matrix(self, key: str) -> torch.Tensor:
+        tensor = self.source.pop(key)
+        self.bar.update(1)
+        return tensor.to(self.device).t()
 
     def take_optional(self, key: str) -> torch.Tensor | None:
         return self.take(key) if key in self.source else None
@@ -116,15 +139,17 @@ class RWKV7:
         head: torch.Tensor,
         fingerprint: str,
         name: str,
+        weights: str = DEFAULT_WEIGHT_FORMAT,
     ) -> None:
         self.config = config
         self.layers = layers
         self.emb = emb  # [V, C], already layer-normed with ln0
         self.ln_out_weight = ln_out_weight
         self.ln_out_bias = ln_out_bias
-        self.head = head  # [C, V]
+        self.head: linear.Weight = head  # [C, V]
         self.fingerprint = fingerprint
         self.name = name
+        self.weights = weights  # "fp16": matrices at the model dtype; "int8": quantized
         self.dtype: torch.dtype = emb.dtype
         self.device: torch.device = emb.device
 
@@ -138,10 +163,12 @@ class RWKV7:
         device: str | torch.device = "cpu",
         dtype: torch.dtype | str | None = None,
         progress: bool = True,
+        weights: str = DEFAULT_WEIGHT_FORMAT,
     ) -> RWKV7:
-        """Load a `.pth` checkpoint (suffix optional). Default dtype: fp32 on CPU, fp16 on CUDA."""
+        """Load a `.pth` checkpoint (suffix optional). Default dtype: fp32 on CPU, fp16 on CUDA;
+        `weights="int8"` quantizes the large matrices (albatross/quant.py)."""
         resolved = resolve_checkpoint_path(path)
-        return cls.from_state_dict(read_state_dict(resolved), device, dtype, name=resolved.stem, progress=progress)
+        return cls.from_state_dict(read_state_dict(resolved), device, dtype, name=resolved.stem, progress=progress, weights=weights)
 
     @classmethod
     @torch.no_grad()
@@ -152,31 +179,44 @@ class RWKV7:
         dtype: torch.dtype | str | None = None,
         name: str = "random",
         progress: bool = True,
+        weights: str = DEFAULT_WEIGHT_FORMAT,
     ) -> RWKV7:
         """Build a model from an official-layout state dict on any device. The dict is consumed:
         each tensor is removed from it as it is converted, so peak memory is one copy of the
-        weights plus one tensor."""
+        weights plus one tensor (and its fp32 quantization slabs with `weights="int8"`)."""
+        check_weight_format(weights)
         config = validate_state_dict(state_dict)
         target = torch.device(device)
         if target.type == "cuda" and target.index is None:
             target = torch.device("cuda", torch.cuda.current_device())
         act_dtype = resolve_dtype(dtype, target)
         digest = fingerprint(state_dict)
-        convert = _Converter(state_dict, target, act_dtype, progress)
+        convert = _Converter(state_dict, target, act_dtype, weights, progress)
         try:
             emb = _normed_embedding(convert, config, act_dtype)
             layers = [_convert_layer(convert, i) for i in range(config.n_layer)]
             ln_out_weight = convert.take("ln_out.weight")
             ln_out_bias = convert.take("ln_out.bias")
-            head = convert.take("head.weight")
+            head = convert.take_matrix("head.weight")
             for key in list(state_dict):  # unused optional keys (block 0 v0/v1/v2)
                 convert.source.pop(key)
         finally:
             convert.close()
-        return cls(config, layers, emb, ln_out_weight, ln_out_bias, head, digest, name)
+        return cls(config, layers, emb, ln_out_weight, ln_out_bias, head, digest, name, weights)
 
     # ------------------------------------------------------------------------------------------
     # forward
+
+    def weight_bytes(self) -> int:
+        """Bytes the weights occupy on the device (views such as `receptance` counted once)."""
+        total = sum(linear.weight_bytes(t) for t in (self.emb, self.ln_out_weight, self.ln_out_bias, self.head))
+        for layer in self.layers:
+            for name in LayerWeights.__slots__:
+                if name in _VIEWS_OF_RKV:
+                    continue
+                value = getattr(layer, name)
+                total += 0 if value is None else linear.weight_bytes(value)
+        return total
 
     def new_pool(self, batch_size: int, state_dtype: torch.dtype = torch.float32) -> StatePool:
         return StatePool(self, batch_size, state_dtype)
@@ -218,7 +258,7 @@ class RWKV7:
             x = x.index_select(0, batch.last_rows)
             pending = pending.index_select(0, batch.last_rows) if pending is not None else None
         h = ops.add_layer_norm(x, pending, self.ln_out_weight, self.ln_out_bias)
-        return (h @ self.head).float()
+        return linear.mm(h, self.head).float()
 
     __call__ = forward
 
@@ -259,27 +299,27 @@ class RWKV7:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # Few, large ops: at batch 1 the step is bound by the host's per-op cost.
         mixes = ops.shift_mix(x, shift_state, batch.slot_idx, batch.cu_seqlens, layer.att_mix)
-        r, k, v = torch.bmm(mixes[:3], layer.rkv).unbind(0)
+        r, k, v = linear.bmm(mixes[:3], layer.rkv).unbind(0)
         _, _, xv, xw, xa, xg = mixes.unbind(0)
-        w_lora = torch.mm(torch.tanh(torch.mm(xw, layer.w1)), layer.w2)
-        a_lora = torch.mm(torch.mm(xa, layer.a1), layer.a2)
-        g = torch.mm(torch.sigmoid(torch.mm(xg, layer.g1)), layer.g2)
+        w_lora = linear.mm(torch.tanh(linear.mm(xw, layer.w1)), layer.w2)
+        a_lora = linear.mm(linear.mm(xa, layer.a1), layer.a2)
+        g = linear.mm(torch.sigmoid(linear.mm(xg, layer.g1)), layer.g2)
         if index == 0:  # block 0 defines v_first and has no value residual
             v_first = v
             w, a, b = ops.wkv_prep(k, v, w_lora, a_lora, None, None, layer.w0, layer.a0, None, layer.k_k, layer.k_a)
         else:
             assert layer.v0 is not None and layer.v1 is not None and layer.v2 is not None
-            v_lora = torch.mm(torch.mm(xv, layer.v1), layer.v2)
+            v_lora = linear.mm(linear.mm(xv, layer.v1), layer.v2)
             w, a, b = ops.wkv_prep(k, v, w_lora, a_lora, v_lora, v_first, layer.w0, layer.a0, layer.v0, layer.k_k, layer.k_a)
         y = ops.wkv7(wkv_state, batch.slot_idx, batch.cu_seqlens, r, w, k, v, a, b, batch.single_token)
         y = ops.gn_bonus_gate(y, r, k, v, g, layer.r_k, layer.ln_x_weight, layer.ln_x_bias)
-        return torch.mm(y, layer.output), v_first
+        return linear.mm(y, layer.output), v_first
 
     def _channel_mix(
         self, layer: LayerWeights, x: torch.Tensor, shift_state: torch.Tensor, batch: ops.FlatBatch
     ) -> torch.Tensor:
         xk = ops.shift_mix(x, shift_state, batch.slot_idx, batch.cu_seqlens, layer.ffn_mix)
-        return torch.mm(ops.relu_square(torch.mm(xk, layer.ffn_key)), layer.ffn_value)
+        return linear.mm(ops.relu_square(linear.mm(xk, layer.ffn_key)), layer.ffn_value)
 
 
 def _normed_embedding(convert: _Converter, config: ModelConfig, dtype: torch.dtype) -> torch.Tensor:
@@ -307,7 +347,7 @@ def _convert_layer(convert: _Converter, index: int) -> LayerWeights:
                 convert.source.pop(a + name)
                 convert.bar.update(1)
     optional = convert.take_optional
-    rkv = convert.take_stacked([a + name for name in ("receptance.weight", "key.weight", "value.weight")])
+    rkv = convert.take_matrices([a + name for name in ("receptance.weight", "key.weight", "value.weight")])
     return LayerWeights(
         ln1_weight=take(p + "ln1.weight"),
         ln1_bias=take(p + "ln1.bias"),
@@ -332,10 +372,10 @@ def _convert_layer(convert: _Converter, index: int) -> LayerWeights:
         receptance=rkv[0],
         key=rkv[1],
         value=rkv[2],
-        output=take(a + "output.weight"),
+        output=convert.take_matrix(a + "output.weight"),
         ln_x_weight=take(p + "att.ln_x.weight"),
         ln_x_bias=take(p + "att.ln_x.bias"),
         ffn_mix=take(f + "x_k"),
-        ffn_key=take(f + "key.weight"),
-        ffn_value=take(f + "value.weight"),
+        ffn_key=convert.take_matrix(f + "key.weight"),
+        ffn_value=convert.take_matrix(f + "value.weight"),
     )

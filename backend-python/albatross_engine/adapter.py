@@ -258,6 +258,7 @@ class AlbatrossRWKV(AbstractRWKV):
             "batch_size": self.config.batch_size,
             "device": ", ".join(str(d) for d in self.devices),
             "dtype": self.config.effective_dtype(self.devices[0].type),
+            "weights": self.config.weights,
             "state_dtype": self.config.effective_state_dtype(self.devices[0].type),
             "prefill_chunk": self.config.prefill_chunk,
             "prefill_budget": self.config.prefill_budget,
@@ -316,12 +317,14 @@ def _model_loader(model_path: str, config: AlbatrossBackendConfig) -> ModelLoade
         def load_random(device: torch.device) -> RWKV7:
             dtype = config.effective_dtype(device.type)
             state_dict = random_state_dict(shape, seed=seed, dtype=DTYPES[dtype], device=device)
-            return RWKV7.from_state_dict(state_dict, device, dtype, name=_model_name(model_path), progress=False)
+            return RWKV7.from_state_dict(
+                state_dict, device, dtype, name=_model_name(model_path), progress=False, weights=config.weights
+            )
 
         return load_random
 
     def load_file(device: torch.device) -> RWKV7:
-        return RWKV7.load(model_path, device, config.effective_dtype(device.type), progress=False)
+        return RWKV7.load(model_path, device, config.effective_dtype(device.type), progress=False, weights=config.weights)
 
     return load_file
 

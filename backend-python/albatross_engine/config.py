@@ -1,6 +1,6 @@
 """The Albatross strategy string: `albatross` (alias `chirrup`) followed by `key=value` words.
 
-    albatross workers=2 batch=64 dtype=fp16 prefill_chunk=1024
+    albatross workers=2 batch=64 dtype=fp16 weights=int8 prefill_chunk=1024
 
 As the runner documents it, an unknown key or an invalid value is ignored with a logged warning
 and the default stays; `GET /status` shows the effective values (AlbatrossRWKV.status()).
@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 
 from albatross.dtypes import DTYPES, default_dtype_name
+from albatross.quant import DEFAULT_WEIGHT_FORMAT, WEIGHT_FORMATS
 from runner.backends import ALBATROSS_STRATEGY_WORDS as STRATEGY_WORDS
 
 logger = logging.getLogger(__name__)
@@ -32,6 +33,7 @@ class AlbatrossBackendConfig:
     batch_size: int = 32  # state slots per worker
     device: str | None = None  # None: cuda when available, else cpu; "cuda:N" puts worker 0 on GPU N
     dtype: str | None = None  # weights and activations; None: fp16 on cuda, fp32 on cpu
+    weights: str = DEFAULT_WEIGHT_FORMAT  # the large matrices: fp16 (at `dtype`) or int8 with per-channel scales
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # most prompt tokens one request feeds in one step
     prefill_budget: int = DEFAULT_PREFILL_BUDGET  # most prompt tokens all requests feed together in one step
     state_dtype: str | None = None  # WKV state precision; None: fp16 on cuda, fp32 on cpu (docs/performance.md)
@@ -49,6 +51,8 @@ class AlbatrossBackendConfig:
             value = getattr(self, name)
             if value is not None and value not in DTYPE_NAMES:
                 raise ValueError(f"{name} must be one of {', '.join(DTYPE_NAMES)}, got {value!r}")
+        if self.weights not in WEIGHT_FORMATS:
+            raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {self.weights!r}")
 
     def effective_dtype(self, device_type: str) -> str:
         """The weights' and activations' type on `device_type` (albatross.dtypes has the default)."""
@@ -102,6 +106,7 @@ _KEYS: dict[str, tuple[str, Callable[[str], object]]] = {
     "batch_size": ("batch_size", _positive_int),
     "device": ("device", _device),
     "dtype": ("dtype", _choice(DTYPE_NAMES)),
+    "weights": ("weights", _choice(WEIGHT_FORMATS)),
     "prefill_chunk": ("prefill_chunk", _positive_int),
     "prefill_budget": ("prefill_budget", _positive_int),
     "state_dtype": ("state_dtype", _choice(DTYPE_NAMES)),

@@ -18,7 +18,10 @@ MIB = 1024 * 1024
 GIB = 1024 * MIB
 
 # rwkv_lightning's `--inference-engine` / `--backend` values and the strategies they mean here.
-ENGINE_STRATEGIES: dict[str, str] = {"fp16": "albatross workers=1 batch=32"}
+ENGINE_STRATEGIES: dict[str, str] = {
+    "fp16": "albatross workers=1 batch=32",
+    "int8": "albatross workers=1 batch=32 weights=int8",  # W8A16: the large matrices in int8
+}
 LOG_FORMATS = ("text", "json")
 
 
