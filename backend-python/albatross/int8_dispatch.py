@@ -43,6 +43,13 @@ def enabled() -> dict[str, bool]:
     return {"gemv": _gemv_enabled, "tile": _tile_enabled}
 
 
+def dequantize_above_rows(device_type: str) -> int:
+    """The most rows a product takes without dequantizing a slab (for the memory plan)."""
+    if device_type != "cuda":
+        return 0
+    return TILE_MAX_ROWS if _tile_enabled else GEMV_MAX_ROWS if _gemv_enabled else 0
+
+
 def path_for(x: torch.Tensor, weight: Int8Weight) -> str:
     """"gemv", "tile" or "dequantize": what `int8_mm` runs for these operands."""
     if not (x.is_cuda and x.dtype in _KERNEL_DTYPES and x.stride(-1) == 1):
@@ -66,15 +73,25 @@ def int8_tile(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
     return int8_triton.w8a16_mm(x, weight.q, weight.scale)
 
 
+def _dense_product(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
+    if x.is_cuda and _tile_enabled:  # one Triton pass, equal to the twin's dequantization
+        from albatross import int8_triton
+
+        q, scale = weight.q.contiguous(), weight.scale.contiguous()
+        dense = int8_triton.dequantize(q, scale, x.dtype)
+        return torch.mm(x, dense) if dense.dim() == 2 else torch.bmm(x, dense)
+    return int8_mm_torch(x, weight)
+
+
 def int8_dequantized(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
     """Dequantize-then-matmul, a slab of output columns at a time for large matrices."""
     K, N = weight.q.shape[-2], weight.q.shape[-1]
     stack = weight.q.shape[0] if weight.q.dim() == 3 else 1
     if stack * K * N <= DEQUANTIZE_SLAB:
-        return int8_mm_torch(x, weight)
+        return _dense_product(x, weight)
     columns = max(16, DEQUANTIZE_SLAB // (stack * K) // 16 * 16)
     parts = [
-        int8_mm_torch(x, Int8Weight(weight.q[..., start : start + columns], weight.scale[..., start : start + columns]))
+        _dense_product(x, Int8Weight(weight.q[..., start : start + columns], weight.scale[..., start : start + columns]))
         for start in range(0, N, columns)
     ]
     return torch.cat(parts, dim=-1)

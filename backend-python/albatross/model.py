@@ -20,11 +20,10 @@ from tqdm import tqdm
 from albatross import linear, ops
 from albatross.checkpoint import ModelConfig, fingerprint, read_state_dict, resolve_checkpoint_path, validate_state_dict
 from albatross.dtypes import DTYPES, SUPPORTED_DTYPES, default_dtype_name, dtype_named
-from albatross.quant import DEFAULT_WEIGHT_FORMAT, check_weight_format, quantize
+from albatross.quant import DEFAULT_WEIGHT_FORMAT, LARGE_MATRICES, check_weight_format, quantize
 from albatross.state import StatePool
 
 _ATT_MIX = ("x_r", "x_k", "x_v", "x_w", "x_a", "x_g")  # r, k, v first: their mixes feed one bmm
-_MATRICES = ("receptance.weight", "key.weight", "value.weight", "output.weight", "head.weight")
 _VIEWS_OF_RKV = ("receptance", "key", "value")
 _EMB_NORM_ROWS = 8192  # rows of the embedding layer-normed at once (bounds the fp32 temporary)
 
@@ -94,7 +93,7 @@ class _Converter:
         tensor = self.source.pop(key)
         self.bar.update(1)
         tensor = tensor.to(self.device)
-        if key.endswith(_MATRICES):
+        if key.endswith(LARGE_MATRICES):  # stored [in, out]
             tensor = tensor.t()
         elif tensor.dim() != 2 or key.endswith("att.r_k"):
             tensor = tensor.reshape(-1)  # (1, 1, C) mixing vectors and r_k [H, N] become [C]

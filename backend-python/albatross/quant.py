@@ -23,6 +23,9 @@ import torch
 
 WEIGHT_FORMATS: tuple[str, ...] = ("fp16", "int8")  # `weights=` words; fp16: kept at the activation dtype
 DEFAULT_WEIGHT_FORMAT = "fp16"
+# The checkpoint keys (by suffix) of the matrices `weights=int8` stores as int8: r, k, v, output,
+# the FFN key and value (`ffn.key.weight`, `ffn.value.weight`) and the head.
+LARGE_MATRICES: tuple[str, ...] = ("receptance.weight", "key.weight", "value.weight", "output.weight", "head.weight")
 QMAX = 127  # symmetric range [-127, 127]: -128 is never produced, so negation is exact
 _QUANTIZE_SLAB = 1 << 24  # elements quantized at once: bounds the fp32 temporaries at load (64 MB)
 

@@ -12,6 +12,7 @@ instead pass `model=` an already-built RWKV7 (one worker, on that model's device
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from albatross.checkpoint import ModelConfig, read_state_dict, resolve_checkpoint_path, validate_state_dict
 from albatross.dtypes import DTYPES
 from albatross.model import RWKV7
 from albatross.random_checkpoint import NAMED_SHAPES, CheckpointShape, random_state_dict
@@ -29,7 +31,9 @@ from albatross_engine.config import AlbatrossBackendConfig, config_field_names, 
 from albatross_engine.core import INIT_ERROR_PREFIX, EngineCore
 from albatross_engine.state_store import PromptEndIndex, StateStore
 from albatross_engine.tasks import AsyncChannel, EngineTask, EventChannel, EventItem, SyncChannel, merge_events
-from albatross_engine.worker import ModelLoader, Worker
+from albatross_engine.device_step import free_device_memory
+from albatross_engine.memory_plan import parameter_count, weight_bytes
+from albatross_engine.worker import ModelLoader, ModelSource, Worker
 from runner.interface import AbstractRWKV, BackendError, GenerationEvent, GenerationRequest
 
 if TYPE_CHECKING:
@@ -39,7 +43,8 @@ logger = logging.getLogger(__name__)
 
 RANDOM_MODEL_PREFIX = "random:"
 INIT_TIMEOUT_SECONDS = 300.0
-StateStoreFactory = Callable[[str, torch.device], StateStore]  # (model fingerprint, device) -> store
+# (model fingerprint, device) -> store; called with `l1_bytes=` when the memory plan lowered the L1 budget
+StateStoreFactory = Callable[..., StateStore]
 
 
 class AlbatrossRWKV(AbstractRWKV):
@@ -82,10 +87,13 @@ class AlbatrossRWKV(AbstractRWKV):
 
     # ---------------------------------------------------------------------------- engine lifecycle
 
-    def _init_engine(self, loader: ModelLoader, timeout: float) -> None:
+    def _init_engine(self, loader: ModelSource | ModelLoader, timeout: float) -> None:
         prompt_ends = PromptEndIndex()
+        # The L1 state cache lives on worker 0's device: its plan leaves room for the budget.
+        l1_bytes = int(getattr(self.settings, "state_l1_bytes", 0) or 0) if self._state_store_factory is not None else 0
         workers = [
-            Worker(i, device, loader, self.config, self.tokenizer, prompt_ends) for i, device in enumerate(self.devices)
+            Worker(i, device, loader, self.config, self.tokenizer, prompt_ends, cache_bytes=l1_bytes if i == 0 else 0)
+            for i, device in enumerate(self.devices)
         ]
         core = EngineCore(workers)
         try:
@@ -108,7 +116,11 @@ class AlbatrossRWKV(AbstractRWKV):
         assert first is not None
         self.fingerprint = first.fingerprint
         if self.state_store is None and self._state_store_factory is not None:
-            self.state_store = self._state_store_factory(first.fingerprint, workers[0].device)
+            plan = workers[0].plan
+            if plan is not None and plan.cache_bytes < workers[0].cache_bytes:  # the plan lowered the L1 budget
+                self.state_store = self._state_store_factory(first.fingerprint, workers[0].device, l1_bytes=plan.cache_bytes)
+            else:
+                self.state_store = self._state_store_factory(first.fingerprint, workers[0].device)
             self._owns_store = True
         for worker in workers:
             worker.store = self.state_store
@@ -265,6 +277,10 @@ class AlbatrossRWKV(AbstractRWKV):
             "engine_running": core is not None and core.running,
             **metrics,
         }
+        if core is not None:  # weights, states, activations, graphs, cache and free memory per worker
+            result["memory_plan"] = [
+                {"device": str(worker.device), **worker.plan.as_status()} for worker in core.workers if worker.plan is not None
+            ]
         stats = getattr(self.state_store, "stats", None)
         if callable(stats):
             result["state_cache"] = stats()
@@ -279,9 +295,11 @@ def create_backend(model_path: str, strategy: str, settings: ServerSettings) -> 
     config = parse_albatross_strategy(strategy)
     extras = {name: getattr(config, name) for name in config_field_names() if name not in ("worker_num", "batch_size")}
 
-    def state_cache(fingerprint: str, device: torch.device) -> StateStore:
-        # Sized by --state-cache-path and --state-l{1,2,3}-bytes; closed (flushed) by shutdown().
-        return build_state_cache(settings, fingerprint, device)
+    def state_cache(fingerprint: str, device: torch.device, l1_bytes: int | None = None) -> StateStore:
+        # Sized by --state-cache-path and --state-l{1,2,3}-bytes (L1 as the memory plan allows);
+        # closed (flushed) by shutdown().
+        sized = settings if l1_bytes is None else dataclasses.replace(settings, state_l1_bytes=l1_bytes)
+        return build_state_cache(sized, fingerprint, device)
 
     factory = state_cache if settings is not None else None  # no server settings (scripts): no cache
     return AlbatrossRWKV(model_path, config.worker_num, config.batch_size, settings=settings, state_store_factory=factory, **extras)
@@ -310,26 +328,57 @@ def parse_random_spec(spec: str) -> tuple[CheckpointShape, int]:
     raise ValueError(f"unknown random model shape {shape_name!r}; known: {', '.join(NAMED_SHAPES)} or <layers>x<width>")
 
 
-def _model_loader(model_path: str, config: AlbatrossBackendConfig) -> ModelLoader:
+def _model_loader(model_path: str, config: AlbatrossBackendConfig) -> ModelSource:
     if model_path.startswith(RANDOM_MODEL_PREFIX):
         shape, seed = parse_random_spec(model_path)
 
         def load_random(device: torch.device) -> RWKV7:
             dtype = config.effective_dtype(device.type)
-            state_dict = random_state_dict(shape, seed=seed, dtype=DTYPES[dtype], device=device)
+            state_dict = random_state_dict(shape, seed=seed, dtype=DTYPES[dtype], device=_random_weights_device(shape, config, device))
             return RWKV7.from_state_dict(
                 state_dict, device, dtype, name=_model_name(model_path), progress=False, weights=config.weights
             )
 
-        return load_random
+        return ModelSource(load_random, lambda: shape_config(shape))
 
     def load_file(device: torch.device) -> RWKV7:
         return RWKV7.load(model_path, device, config.effective_dtype(device.type), progress=False, weights=config.weights)
 
-    return load_file
+    def file_config() -> ModelConfig:  # reads the file's header only (memory-mapped)
+        return validate_state_dict(read_state_dict(resolve_checkpoint_path(model_path)))
+
+    return ModelSource(load_file, file_config)
 
 
-def _prebuilt_loader(model: RWKV7) -> ModelLoader:
+def shape_config(shape: CheckpointShape) -> ModelConfig:
+    """The ModelConfig of `random_state_dict(shape)`, without generating it."""
+    return ModelConfig(
+        n_layer=shape.n_layer,
+        n_embd=shape.n_embd,
+        n_head=shape.n_embd // shape.head_size,
+        head_size=shape.head_size,
+        vocab_size=shape.vocab_size,
+        decay_rank=shape.decay_rank,
+        a_rank=shape.a_rank,
+        value_rank=shape.value_rank if shape.n_layer > 1 else 0,
+        gate_rank=shape.gate_rank,
+        ffn_size=4 * shape.n_embd,
+    )
+
+
+def _random_weights_device(shape: CheckpointShape, config: AlbatrossBackendConfig, device: torch.device) -> torch.device:
+    """Random weights are generated in fp32 as one dict before conversion: on the GPU that is fast,
+    but needs four bytes a parameter beside the converted model; when that does not fit (a 7B on a
+    12 GB card), they are generated in host memory and converted onto the GPU tensor by tensor."""
+    if device.type != "cuda":
+        return device
+    model_config = shape_config(shape)
+    dtype_bytes = DTYPES[config.effective_dtype(device.type)].itemsize
+    needed = 4 * parameter_count(model_config) + weight_bytes(model_config, config.weights, dtype_bytes)
+    return device if needed < 0.9 * free_device_memory(device) else torch.device("cpu")
+
+
+def _prebuilt_loader(model: RWKV7) -> ModelLoader:  # planned once built, its weights resident
     def use_model(device: torch.device) -> RWKV7:
         return model
 

@@ -233,6 +233,18 @@ class DeviceStep:
         return torch.cuda.max_memory_allocated(self.device) if self.device.type == "cuda" else 0
 
 
+def free_device_memory(device: torch.device) -> int:
+    """Bytes this process can still allocate on `device`: the driver's free memory plus what the
+    caching allocator holds unused, within `torch.cuda.set_per_process_memory_fraction`'s cap."""
+    free, total = torch.cuda.mem_get_info(device)
+    allocated = torch.cuda.memory_allocated(device)
+    usable = free + torch.cuda.memory_reserved(device) - allocated
+    fraction = torch.cuda.get_per_process_memory_fraction(device)
+    if fraction < 1.0:
+        usable = min(usable, int(fraction * total) - allocated)
+    return max(0, usable)
+
+
 def graph_buckets(batch_size: int) -> tuple[int, ...]:
     """Powers of two below the batch size, and the batch size itself."""
     sizes = {1 << i for i in range(batch_size.bit_length()) if 1 << i <= batch_size}

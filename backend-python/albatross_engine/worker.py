@@ -17,17 +17,21 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
+from dataclasses import dataclass
 
 import torch
 
-from albatross import cuda_ops
+from albatross import cuda_ops, int8_dispatch
+from albatross.checkpoint import ModelConfig
 from albatross.detokenizer import TextStream
+from albatross.dtypes import DTYPES
 from albatross.model import RWKV7
 from albatross.sampler import seed_to_seed32
 from albatross.tokenizer import Tokenizer
 from albatross_engine.config import AlbatrossBackendConfig
-from albatross_engine.device_step import DeviceStep, IssuedStep, RowInputsRefused
+from albatross_engine.device_step import DeviceStep, IssuedStep, RowInputsRefused, free_device_memory
 from albatross_engine.finishing import Finisher, fail_all
+from albatross_engine.memory_plan import MemoryPlan, MemoryPlanError, MemoryRequest, plan_memory
 from albatross_engine.metrics import WorkerMetrics
 from albatross_engine.results import ResultProcessor
 from albatross_engine.saved_states import SavedStates
@@ -41,16 +45,26 @@ logger = logging.getLogger(__name__)
 ModelLoader = Callable[[torch.device], RWKV7]
 
 
+@dataclass(frozen=True, slots=True)
+class ModelSource:
+    """What a worker loads: how to build the model on a device, and its shape before any weight
+    is read (so the memory plan can refuse before loading; None: planned once built)."""
+
+    build: ModelLoader
+    config: Callable[[], ModelConfig] | None = None
+
+
 class Worker:
     def __init__(
         self,
         index: int,
         device: torch.device,
-        loader: ModelLoader,
+        loader: ModelSource | ModelLoader,
         config: AlbatrossBackendConfig,
         tokenizer: Tokenizer,
         prompt_ends: PromptEndIndex | None = None,
         on_death: Callable[[Worker, BaseException], None] | None = None,
+        cache_bytes: int = 0,
     ) -> None:
         self.index = index
         self.device = device
@@ -59,7 +73,9 @@ class Worker:
         self.metrics = WorkerMetrics()
         self.ready: Future[None] = Future()
         self.overlap = config.overlap if config.overlap is not None else device.type == "cuda"
-        self._loader = loader
+        self._source = loader if isinstance(loader, ModelSource) else ModelSource(loader)
+        self.cache_bytes = cache_bytes  # the L1 state cache's budget asked for on this device (worker 0 holds it)
+        self.plan: MemoryPlan | None = None  # made on this worker's thread at load
         self._prompt_ends = prompt_ends or PromptEndIndex()
         self.on_death = on_death  # the engine core's: a dead worker ends the engine
         self._scheduler = Scheduler(config.batch_size, config.prefill_chunk, config.prefill_budget)
@@ -157,13 +173,47 @@ class Worker:
     def _load_model(self) -> None:
         if self.device.type == "cuda":
             cuda_ops.enable_cuda_kernels()  # once per process: prebuilt binary, else JIT, else torch ops
-        model = self._loader(self.device)
-        self.device = model.device
-        state_dtype = self.config.effective_state_dtype(self.device.type)
-        device_step = self.device_step = DeviceStep(model, self.config.batch_size, state_dtype, self.config.cuda_graphs)
+        source = self._source
+        try:
+            if source.config is not None:  # refuse (or lower) before reading a weight
+                self._plan(source.config(), self.config.weights, DTYPES[self.config.effective_dtype(self.device.type)])
+            model = source.build(self.device)
+            self.device = model.device
+            if self.plan is None:  # a model built before the plan: its weights are already resident
+                self._plan(model.config, model.weights, model.dtype, resident_weight_bytes=model.weight_bytes())
+            plan = self.plan
+            assert plan is not None
+            state_dtype = self.config.effective_state_dtype(self.device.type)
+            device_step = self.device_step = DeviceStep(model, plan.batch_size, state_dtype, self.config.cuda_graphs)
+        except torch.OutOfMemoryError as error:  # the plan's estimate fell short: one message, no traceback
+            raise MemoryPlanError(_out_of_memory_message(self.plan, error)) from None
         self._saved_states = SavedStates(device_step, self.metrics, self._prompt_ends, self._store)
         self._finisher = Finisher(self._scheduler, self._outbox, self.metrics, self._saved_states, device_step, self._finished_one)
         self._results = ResultProcessor(device_step, self._finisher, self._outbox, self.metrics, self.tokenizer)
+
+    def _plan(self, model_config: ModelConfig, weights: str, dtype: torch.dtype, resident_weight_bytes: int = 0) -> None:
+        """Check the request against this device's free memory; lower what may be lowered (one log
+        line), or raise MemoryPlanError. On the CPU the plan only records the sizes."""
+        request = MemoryRequest(
+            config=model_config,
+            weights=weights,
+            dtype_bytes=dtype.itemsize,
+            state_dtype_bytes=DTYPES[self.config.effective_state_dtype(self.device.type)].itemsize,
+            batch_size=self.config.batch_size,
+            prefill_chunk=self.config.prefill_chunk,
+            prefill_budget=self.config.prefill_budget,
+            cuda_graphs=self.config.cuda_graphs and self.device.type == "cuda",
+            cache_bytes=self.cache_bytes if self.device.type == "cuda" else 0,
+            resident_weight_bytes=resident_weight_bytes,
+        )
+        free = _free_bytes(self.device)
+        plan = self.plan = plan_memory(request, free, int8_dispatch.dequantize_above_rows(self.device.type))
+        if plan.lowered:
+            logger.warning(
+                "albatross worker %d: memory plan for %s (%.1f GB free): lowered %s",
+                self.index, self.device, (free or 0) / 1e9, "; ".join(plan.lowered),
+            )  # fmt: skip
+            self._scheduler = Scheduler(plan.batch_size, plan.prefill_chunk, plan.prefill_budget)
 
     def _serve(self) -> None:
         while True:
@@ -292,3 +342,20 @@ class Worker:
         self._pending = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()
+
+
+def _free_bytes(device: torch.device) -> int | None:
+    """What the plan may use on `device`; None on the CPU (not checked). CPU tests simulate a GPU's
+    free memory by replacing this."""
+    return free_device_memory(device) if device.type == "cuda" else None
+
+
+def _out_of_memory_message(plan: MemoryPlan | None, error: BaseException) -> str:
+    first_line = str(error).splitlines()[0] if str(error) else type(error).__name__
+    planned = ""
+    if plan is not None and plan.free_bytes is not None:
+        planned = f" (the memory plan counted {plan.planned_bytes / 1e9:.1f} GB of {plan.free_bytes / 1e9:.1f} GB free)"
+    return (
+        f"the GPU ran out of memory while loading the model{planned}: lower batch or prefill_budget, "
+        f"or use weights=int8 ({first_line})"
+    )

@@ -1,0 +1,194 @@
+"""The int8 kernels on a GPU (skipped without one): the split-K GEMV (1-4 rows) and the Triton tile
+kernel (more rows) compute the twin's `x @ (q * scale)` on the 7.2B shapes and at edge sizes, the
+dispatch picks them by rows, they replay in CUDA graphs, and an int8 model decodes like the float
+one."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from albatross import cuda_ops, int8_dispatch, int8_triton, linear
+from albatross.cuda_graphs import DecodeGraphRunner
+from albatross.model import RWKV7
+from albatross.quant import Int8Weight, quantize
+from albatross.random_checkpoint import CheckpointShape, random_state_dict
+
+pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
+
+DEV = "cuda"
+TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # of the largest output: the output's rounding
+# The 7.2B matrices [in, out]: r/k/v/output, FFN key, FFN value, head.
+SHAPES_7B = [(4096, 4096), (4096, 16384), (16384, 4096), (4096, 65536)]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels() -> None:
+    results = cuda_ops.enable_cuda_kernels()
+    assert results["int8"].how in ("prebuilt", "jit"), results["int8"].describe()
+    assert int8_dispatch.enabled() == {"gemv": True, "tile": True}
+
+
+def _operands(rows: int, K: int, N: int, dtype: torch.dtype, seed: int, stack: int | None = None) -> tuple[torch.Tensor, Int8Weight]:
+    gen = torch.Generator(device=DEV).manual_seed(seed)
+    lead = () if stack is None else (stack,)
+    x = torch.randn(*lead, rows, K, generator=gen, device=DEV).to(dtype)
+    weight = quantize(torch.randn(*lead, K, N, generator=gen, device=DEV) / K**0.5)
+    return x, weight
+
+
+def _check(y: torch.Tensor, x: torch.Tensor, weight: Int8Weight) -> None:
+    dense = weight.dequantize(torch.float64)
+    expected = x.double() @ dense
+    assert y.shape == expected.shape and y.dtype == x.dtype
+    assert torch.isfinite(y).all(), "an output was not written"
+    error = ((y.double() - expected).abs().max() / expected.abs().max()).item()
+    assert error <= TOLERANCE[x.dtype], f"max error {error:.2e} of the largest output"
+
+
+# ---------------------------------------------------------------------------------------------
+# GEMV
+
+
+@pytest.mark.parametrize("K, N", SHAPES_7B, ids=[f"{k}x{n}" for k, n in SHAPES_7B])
+@pytest.mark.parametrize("rows", [1, 2, 3, 4])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_gemv_matches_the_twin_on_the_7b_shapes(K: int, N: int, rows: int, dtype: torch.dtype) -> None:
+    x, weight = _operands(rows, K, N, dtype, seed=K + N + rows)
+    poison = torch.full((rows, N), float("nan"), dtype=dtype, device=DEV)
+    del poison  # y reuses this block: an unwritten output stays NaN
+    assert int8_dispatch.path_for(x, weight) == "gemv"
+    _check(int8_dispatch.int8_gemv(x, weight), x, weight)
+
+
+@pytest.mark.parametrize("K, N", [(1, 16), (7, 16), (33, 272), (1000, 2064), (2049, 528), (5000, 1040)], ids=str)
+def test_gemv_edge_sizes(K: int, N: int) -> None:
+    """K not a multiple of the rows in flight or of a split, N not a multiple of the 512-column tile."""
+    x, weight = _operands(3, K, N, torch.float16, seed=K * N)
+    _check(int8_dispatch.int8_gemv(x, weight), x, weight)
+
+
+def test_gemv_of_a_stack_is_one_product_per_matrix() -> None:
+    x, weight = _operands(2, 4096, 4096, torch.float16, seed=3, stack=3)  # the r/k/v projections
+    assert int8_dispatch.path_for(x, weight) == "gemv"
+    _check(linear.bmm(x, weight), x, weight)
+
+
+def test_gemv_reads_rows_of_a_wider_tensor() -> None:
+    wide, weight = _operands(2, 8192, 4096, torch.float16, seed=4)
+    x = wide[:, 1024 : 1024 + 4096]  # row stride 8192, as the model's per-mix views
+    small = Int8Weight(weight.q[:4096].contiguous(), weight.scale)
+    _check(linear.mm(x, small), x, small)
+
+
+def test_gemv_is_deterministic_and_leaves_the_counters_at_zero() -> None:
+    x, weight = _operands(1, 4096, 16384, torch.float16, seed=5)
+    first = int8_dispatch.int8_gemv(x, weight)
+    for _ in range(5):
+        assert torch.equal(int8_dispatch.int8_gemv(x, weight), first)
+    torch.cuda.synchronize()
+    assert int(linear.counters(x.device).abs().sum()) == 0
+
+
+_BAD_CALLS = {
+    "five rows": "x = torch.zeros(5, 64, dtype=torch.half, device='cuda'); q = torch.zeros(64, 32, dtype=torch.int8, device='cuda')",
+    "17 columns": "x = torch.zeros(1, 64, dtype=torch.half, device='cuda'); q = torch.zeros(64, 17, dtype=torch.int8, device='cuda')",
+    "fp32 x": "x = torch.zeros(1, 64, device='cuda'); q = torch.zeros(64, 32, dtype=torch.int8, device='cuda')",
+}
+
+
+@pytest.mark.parametrize("setup", list(_BAD_CALLS.values()), ids=list(_BAD_CALLS))
+def test_bad_gemv_arguments_raise_instead_of_crashing(setup: str) -> None:
+    """In a child process: a crash there fails this test instead of the whole run."""
+    script = (
+        "import torch; from albatross import cuda_ops, linear; cuda_ops.enable_cuda_kernels(); "
+        f"{setup}; scale = torch.ones(q.shape[1], device='cuda')\n"
+        "try:\n    torch.ops.albatross.int8_gemv(x, q, scale, linear.counters(x.device))\n"
+        "except RuntimeError as error:\n    print('raised:', error)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0 and "raised:" in done.stdout, f"rc {done.returncode}\n{done.stdout}\n{done.stderr[-2000:]}"
+
+
+# ---------------------------------------------------------------------------------------------
+# Tile kernel (Triton) and the dispatch
+
+
+@pytest.mark.parametrize("K, N", SHAPES_7B, ids=[f"{k}x{n}" for k, n in SHAPES_7B])
+@pytest.mark.parametrize("rows", [5, 16, 64, 200, 960])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_tile_kernel_matches_the_twin_on_the_7b_shapes(K: int, N: int, rows: int, dtype: torch.dtype) -> None:
+    x, weight = _operands(rows, K, N, dtype, seed=K + N + rows)
+    assert int8_dispatch.path_for(x, weight) == "tile"
+    _check(int8_dispatch.int8_tile(x, weight), x, weight)
+
+
+@pytest.mark.parametrize("config", [c for _, c in int8_triton.CONFIGS], ids=lambda c: f"{c.block_m}x{c.block_n}x{c.block_k}")
+def test_every_tile_config_handles_ragged_edges(config: int8_triton.TileConfig) -> None:
+    x, weight = _operands(133, 1000, 1040, torch.float16, seed=7)
+    _check(int8_triton.w8a16_mm(x, weight.q, weight.scale, config), x, weight)
+
+
+def test_tile_kernel_of_a_stack_and_of_strided_rows() -> None:
+    x, weight = _operands(40, 2048, 2048, torch.float16, seed=8, stack=3)
+    _check(linear.bmm(x, weight), x, weight)
+    wide = torch.randn(40, 4096, device=DEV, dtype=torch.float16)
+    small = Int8Weight(weight.q[0], weight.scale[0])
+    _check(linear.mm(wide[:, :2048], small), wide[:, :2048], small)
+
+
+def test_many_rows_dequantize_in_slabs_and_use_cublas() -> None:
+    x, weight = _operands(int8_dispatch.TILE_MAX_ROWS + 1, 4096, 65536, torch.float16, seed=9)
+    assert int8_dispatch.path_for(x, weight) == "dequantize"
+    _check(int8_dispatch.int8_mm(x, weight), x, weight)
+
+
+# ---------------------------------------------------------------------------------------------
+# The model
+
+SHAPE = CheckpointShape(n_layer=4, n_embd=512)
+
+
+@pytest.fixture(scope="module")
+def models() -> tuple[RWKV7, RWKV7]:
+    half = RWKV7.from_state_dict(random_state_dict(SHAPE, seed=3, device=DEV), DEV, torch.float16, progress=False)
+    int8 = RWKV7.from_state_dict(random_state_dict(SHAPE, seed=3, device=DEV), DEV, torch.float16, progress=False, weights="int8")
+    return half, int8
+
+
+def _prompts(count: int, length: int) -> list[list[int]]:
+    return torch.randint(0, 65536, (count, length), generator=torch.Generator().manual_seed(11)).tolist()
+
+
+def test_the_int8_model_stays_close_to_the_fp16_model(models: tuple[RWKV7, RWKV7]) -> None:
+    half, int8 = models
+    prompts = _prompts(8, 32)  # 256 rows: the tile kernel, then 8 decode rows
+    half_pool, int8_pool = half.new_pool(8, torch.float32), int8.new_pool(8, torch.float32)
+    expected = half.forward(half_pool, range(8), prompts)
+    actual = int8.forward(int8_pool, range(8), prompts)
+    error = float((actual - expected).norm() / expected.norm())
+    assert error < 0.05, f"prefill logits: relative error {error:.2e}"
+    for rows in (1, 3, 8):  # the GEMV, then the tile kernel
+        feed = [[t] for t in expected[:rows].argmax(-1).tolist()]
+        expected = half.forward(half_pool, range(rows), feed)
+        actual = int8.forward(int8_pool, range(rows), feed)
+        error = float((actual - expected).norm() / expected.norm())
+        assert error < 0.05, f"decode of {rows} rows: relative error {error:.2e}"
+
+
+def test_int8_decode_replays_from_cuda_graphs_like_the_eager_forward(models: tuple[RWKV7, RWKV7]) -> None:
+    _, model = models
+    eager_pool, graph_pool = model.new_pool(9, torch.float16), model.new_pool(9, torch.float16)
+    prompts = _prompts(6, 12)
+    model.forward(eager_pool, range(6), prompts)
+    model.forward(graph_pool, range(6), prompts)
+    runner = DecodeGraphRunner(model, graph_pool, scratch_slot=8, buckets=(2, 8))
+    tokens = [[t] for t in range(100, 106)]
+    for rows in (2, 6):  # the GEMV bucket, then the tile bucket (padded with the scratch slot)
+        eager = model.forward(eager_pool, range(rows), tokens[:rows])
+        slots = torch.arange(rows, device=DEV)
+        replayed = runner.decode(slots, torch.tensor([t[0] for t in tokens[:rows]], device=DEV))
+        assert torch.allclose(replayed, eager, atol=2e-2, rtol=0), f"{rows} rows: max diff {(replayed - eager).abs().max():.3e}"
