@@ -1,0 +1,308 @@
+"""int8 weights (W8A16): accuracy against the float model, the matmul paths on the 7.2B shapes, and
+model-level speed against fp16. Prints tables and writes JSON.
+
+    python bench/bench_int8.py accuracy --device cpu --shapes 4x256,6x512      (runs on the CPU)
+    python bench/bench_int8.py accuracy --device cuda --shapes 0.4b,1.5b
+    python bench/bench_int8.py kernels --json out/int8_kernels.json           (GPU)
+    python bench/bench_int8.py model --shape 7.2b --json out/int8_model.json  (GPU)
+
+Accuracy is measured as the WKV state dtype was (docs/performance.md): teacher-force the greedy
+stream of an all-fp32 model through each served precision, token by token, and report the mean
+next-token log-loss increase and how often the argmax agrees. `per-group G` rows quantize with one
+scale per G input rows of each column instead of one per column (simulated: the dequantized
+matrices loaded as float weights), to decide between the two.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from albatross import cuda_ops, int8_dispatch, int8_triton  # noqa: E402
+from albatross.model import RWKV7  # noqa: E402
+from albatross.quant import LARGE_MATRICES, QMAX, quantize  # noqa: E402
+from albatross.random_checkpoint import NAMED_SHAPES, CheckpointShape, random_state_dict  # noqa: E402
+from albatross.state import StatePool  # noqa: E402
+
+# ---------------------------------------------------------------------------------------------
+# Accuracy
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    weights: str  # "fp16" or "int8"
+    dtype: torch.dtype  # weights (fp16 format) and activations
+    state_dtype: torch.dtype
+    group: int = 0  # > 0: simulate per-group scales of this many input rows (float weights)
+
+
+def variants(device: str) -> dict[str, Variant]:
+    half = torch.float16
+    found = {
+        "fp16 weights, fp32 state": Variant("fp16", half, torch.float32),
+        "int8 weights, fp32 state": Variant("int8", half, torch.float32),
+        "fp16 weights, fp16 state": Variant("fp16", half, torch.float16),
+        "int8 weights, fp16 state": Variant("int8", half, torch.float16),
+        "int8 per-group 128 (simulated), fp32 state": Variant("fp16", half, torch.float32, group=128),
+    }
+    if device == "cpu":  # fp32 activations isolate what the weights' rounding costs
+        found["int8 weights, fp32 activations and state"] = Variant("int8", torch.float32, torch.float32)
+        found["int8 per-channel (simulated), fp32 activations"] = Variant("fp16", torch.float32, torch.float32, group=-1)
+        found["int8 per-group 128 (simulated), fp32 activations"] = Variant("fp16", torch.float32, torch.float32, group=128)
+    return found
+
+
+def _group_quantized(weight: torch.Tensor, group: int) -> torch.Tensor:
+    """A checkpoint matrix `[out, in]` after int8 with one scale per `group` inputs of each output
+    (group -1: one per output, as `quantize`), dequantized back to fp32."""
+    matrix = weight.float().t()  # [in, out], as the model stores it
+    if group < 0:
+        return quantize(matrix).dequantize(torch.float32).t()
+    K, N = matrix.shape
+    blocks = matrix.reshape(K // group, group, N)
+    scale = blocks.abs().amax(dim=1, keepdim=True) / QMAX
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    return (torch.round(blocks / scale).clamp(-QMAX, QMAX) * scale).reshape(K, N).t()
+
+
+def _build(shape: CheckpointShape, device: str, variant: Variant) -> RWKV7:
+    weights = random_state_dict(shape, seed=1, device=device)
+    if variant.group:
+        for key in [k for k in weights if k.endswith(LARGE_MATRICES)]:
+            weights[key] = _group_quantized(weights[key], variant.group)
+    return RWKV7.from_state_dict(weights, device, variant.dtype, progress=False, weights=variant.weights)
+
+
+def accuracy(shape_name: str, device: str, streams: int, steps: int) -> dict[str, dict[str, float]]:
+    shape = _shape(shape_name)
+    reference = _build(shape, device, Variant("fp16", torch.float32, torch.float32))  # all fp32
+    chosen = variants(device)
+    runs: dict[str, tuple[RWKV7, StatePool]] = {"reference": (reference, StatePool(reference, streams, torch.float32))}
+    models: dict[tuple[str, torch.dtype, int], RWKV7] = {}
+    for name, variant in chosen.items():
+        key = (variant.weights, variant.dtype, variant.group)
+        if key not in models:
+            models[key] = _build(shape, device, variant)
+        runs[name] = (models[key], StatePool(models[key], streams, variant.state_dtype))
+    slots = list(range(streams))
+    prompts = torch.randint(0, shape.vocab_size, (streams, 16), generator=torch.Generator().manual_seed(3)).tolist()
+    logits = {name: model.forward(pool, slots, prompts).float() for name, (model, pool) in runs.items()}
+    totals = {name: {"loss": 0.0, "agree": 0} for name in chosen}
+    for _ in range(steps):
+        truth = logits["reference"]
+        tokens = truth.argmax(-1)
+        truth_lp = torch.log_softmax(truth, -1).gather(-1, tokens[:, None])
+        for name in chosen:
+            variant_logits = logits[name]
+            totals[name]["agree"] += int((variant_logits.argmax(-1) == tokens).sum())
+            # positive: the served precision is worse than fp32 on the reference's own stream
+            totals[name]["loss"] += float((truth_lp - torch.log_softmax(variant_logits, -1).gather(-1, tokens[:, None])).sum())
+        feed = [[t] for t in tokens.tolist()]
+        logits = {name: model.forward(pool, slots, feed).float() for name, (model, pool) in runs.items()}
+    count = streams * steps
+    return {
+        name: {"mean_logloss_diff": t["loss"] / count, "greedy_agreement": t["agree"] / count, "tokens": count}
+        for name, t in totals.items()
+    }
+
+
+def _shape(name: str) -> CheckpointShape:
+    if name in NAMED_SHAPES:
+        return NAMED_SHAPES[name]
+    layers, width = (int(n) for n in name.split("x"))
+    return CheckpointShape(n_layer=layers, n_embd=width)
+
+
+# ---------------------------------------------------------------------------------------------
+# Kernels
+
+
+SHAPES_7B = {"r/k/v/output 4096x4096": (4096, 4096), "ffn key 4096x16384": (4096, 16384), "ffn value 16384x4096": (16384, 4096), "head 4096x65536": (4096, 65536)}
+KERNEL_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 960, 2048, 4096, 16384)
+ALTERNATIVE_TILES = (
+    int8_triton.TileConfig(16, 64, 128, num_warps=4, num_stages=4),
+    int8_triton.TileConfig(32, 64, 128, num_warps=4, num_stages=4),
+    int8_triton.TileConfig(64, 128, 128, num_warps=4, num_stages=3),
+    int8_triton.TileConfig(128, 128, 64, num_warps=4, num_stages=4),
+    int8_triton.TileConfig(128, 256, 64, num_warps=8, num_stages=3),
+    int8_triton.TileConfig(256, 128, 64, num_warps=8, num_stages=3),
+)
+
+
+def _time(fn: Callable[[], object], reps: int) -> float:
+    """Median microseconds of `fn` over `reps` runs (CUDA events), after two warm-ups."""
+    for _ in range(2):
+        fn()
+    times = []
+    for _ in range(reps):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000)
+    return statistics.median(times)
+
+
+def _external_int8() -> dict[str, Callable[[torch.Tensor, torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]]:
+    """Other libraries' W8A16 products, when installed: name -> (weight [in, out] fp16) -> (x -> y)."""
+    found: dict[str, Callable[[torch.Tensor, torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]] = {}
+    try:
+        from torchao.quantization import Int8WeightOnlyConfig, quantize_  # type: ignore[import-not-found]
+
+        def torchao_int8(weight: torch.Tensor, _: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+            layer = torch.nn.Linear(weight.shape[0], weight.shape[1], bias=False, device=weight.device, dtype=weight.dtype)
+            layer.weight.data = weight.t().contiguous()
+            quantize_(layer, Int8WeightOnlyConfig())
+            return layer
+
+        found["torchao int8 weight-only (eager)"] = torchao_int8
+    except Exception as error:  # noqa: BLE001 - any import failure means "not measured"
+        print(f"torchao not measured: {type(error).__name__}: {error}")
+    try:
+        import gemlite  # type: ignore[import-not-found]
+        from gemlite.helper import A16W8_INT8  # type: ignore[import-not-found]
+
+        def gemlite_int8(weight: torch.Tensor, _: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+            layer = torch.nn.Linear(weight.shape[0], weight.shape[1], bias=False, device=weight.device, dtype=weight.dtype)
+            layer.weight.data = weight.t().contiguous()
+            return A16W8_INT8(device=str(weight.device)).from_linear(layer)
+
+        found[f"gemlite {getattr(gemlite, '__version__', '')} A16W8"] = gemlite_int8
+    except Exception as error:  # noqa: BLE001
+        print(f"gemlite not measured: {type(error).__name__}: {error}")
+    return found
+
+
+def kernels(reps: int, rows_list: tuple[int, ...]) -> list[dict[str, object]]:
+    results: list[dict[str, object]] = []
+    external = _external_int8()
+    for label, (K, N) in SHAPES_7B.items():
+        gen = torch.Generator(device="cuda").manual_seed(K + N)
+        dense = (torch.randn(K, N, generator=gen, device="cuda") / K**0.5).half()
+        weight = quantize(dense)
+        others = {name: make(dense, weight.scale) for name, make in external.items()}
+        for rows in rows_list:
+            x = torch.randn(rows, K, device="cuda", dtype=torch.float16)
+            row: dict[str, object] = {"matrix": label, "rows": rows}
+            row["fp16 cuBLAS"] = _time(lambda: torch.mm(x, dense), reps)
+            if rows <= int8_dispatch.GEMV_MAX_ROWS:
+                row["int8 GEMV"] = _time(lambda: int8_dispatch.int8_gemv(x, weight), reps)
+            row["int8 tile (default)"] = _time(lambda: int8_dispatch.int8_tile(x, weight), reps)
+            for config in ALTERNATIVE_TILES:
+                row[f"int8 tile {config.block_m}x{config.block_n}x{config.block_k} w{config.num_warps} s{config.num_stages}"] = _time(
+                    lambda: int8_triton.w8a16_mm(x, weight.q, weight.scale, config), reps
+                )
+            row["int8 dequantize + cuBLAS"] = _time(lambda: int8_dispatch.int8_dequantized(x, weight), reps)
+            for name, layer in others.items():
+                try:
+                    with torch.inference_mode():
+                        row[name] = _time(lambda: layer(x), reps)
+                except Exception as error:  # noqa: BLE001 - record and go on
+                    row[name] = f"failed: {type(error).__name__}: {str(error)[:120]}"
+            fp16 = float(row["fp16 cuBLAS"])  # type: ignore[arg-type]
+            timed = {k: v for k, v in row.items() if isinstance(v, float) and k.startswith("int8")}
+            best = min(timed, key=timed.__getitem__)
+            row["best int8"] = best
+            row["best int8 vs fp16"] = fp16 / timed[best]
+            print(f"{label:<24} rows {rows:>6}: fp16 {fp16:9.1f} us | best {best} {timed[best]:9.1f} us ({fp16 / timed[best]:.2f}x)", flush=True)
+            results.append(row)
+        del dense, weight, others
+        torch.cuda.empty_cache()
+    return results
+
+
+# ---------------------------------------------------------------------------------------------
+# Model level
+
+
+def model_speed(shape_name: str, steps: int) -> list[dict[str, object]]:
+    """fp16 against int8 weights on one shape: batch-1 decode from a CUDA graph, batch 960 eager
+    decode with sampling, prefill 64 x 512 and 1 x 4096 (bench_model.py's timings)."""
+    from albatross.cuda_graphs import DecodeGraphRunner
+    from bench_model import bench_decode, bench_prefill  # bench/ is this script's folder
+
+    shape = NAMED_SHAPES[shape_name]
+    rows: list[dict[str, object]] = []
+    for weights in ("fp16", "int8"):
+        start = time.perf_counter()
+        model = RWKV7.from_state_dict(random_state_dict(shape, seed=0, device="cuda", dtype=torch.float16), "cuda", torch.float16, progress=False, weights=weights)
+        print(f"built {shape_name} {weights} in {time.perf_counter() - start:.1f}s: {model.weight_bytes() / 1e9:.2f} GB of weights", flush=True)
+        pool = StatePool(model, 961, torch.float16)
+        runner = DecodeGraphRunner(model, pool, scratch_slot=960, buckets=(1,))
+        found = [
+            bench_decode(model, pool, 1, 3 * steps, shape_name, runner),
+            bench_decode(model, pool, 960, steps, shape_name),
+            bench_prefill(model, pool, 64, 512, shape_name, 512),
+            bench_prefill(model, pool, 1, 4096, shape_name, 4096),
+        ]
+        for result in found:
+            rows.append({"weights": weights, **asdict(result)})
+            print(rows[-1], flush=True)
+        del runner, pool, model
+        torch.cuda.empty_cache()
+    floors = {"decode+sample (graph)": 1.6, "decode+sample": 0.9, "prefill": 0.8}
+    for row in rows:
+        if row["weights"] != "int8":
+            continue
+        fp16 = next(r for r in rows if r["weights"] == "fp16" and r["name"] == row["name"] and r["batch"] == row["batch"])
+        row["vs_fp16"] = float(row["tokens_per_s"]) / float(fp16["tokens_per_s"])  # type: ignore[arg-type]
+        floor = floors.get(str(row["name"]))
+        if floor is not None and (row["name"] != "prefill" or row["batch"] == 64):
+            row["floor"] = floor
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("what", choices=("accuracy", "kernels", "model"))
+    parser.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
+    parser.add_argument("--shapes", default="0.4b,1.5b", help="accuracy: named shapes or LAYERSxWIDTH")
+    parser.add_argument("--streams", type=int, default=32)
+    parser.add_argument("--steps", type=int, default=128)
+    parser.add_argument("--shape", default="7.2b", help="model: the named shape")
+    parser.add_argument("--reps", type=int, default=20)
+    parser.add_argument("--rows", default=",".join(str(r) for r in KERNEL_ROWS))
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    if args.what != "accuracy" or args.device == "cuda":
+        if not torch.cuda.is_available():
+            raise SystemExit(f"bench_int8 {args.what} needs a CUDA GPU")
+        cuda_ops.enable_cuda_kernels()
+        print(f"int8 paths enabled: {int8_dispatch.enabled()}", flush=True)
+    if args.what == "accuracy":
+        figures: object = {shape: accuracy(shape, args.device, args.streams, args.steps) for shape in args.shapes.split(",")}
+        for shape, table in figures.items():  # type: ignore[union-attr]
+            print(f"\n{shape}, {args.device}, vs all-fp32 ({args.streams} streams x {args.steps} steps)")
+            print(f"{'served precision':<52}{'log-loss diff':>15}{'greedy agreement':>18}")
+            for name, acc in table.items():
+                print(f"{name:<52}{acc['mean_logloss_diff']:>+15.2e}{acc['greedy_agreement']:>18.4f}")
+    elif args.what == "kernels":
+        figures = kernels(args.reps, tuple(int(r) for r in args.rows.split(",")))
+    else:
+        figures = model_speed(args.shape, args.steps)
+        print(f"\n{'weights':<8}{'what':<24}{'batch':>7}{'tok/s':>12}{'ms/step':>10}  vs fp16 (floor)")
+        for r in figures:  # type: ignore[union-attr]
+            ratio = f"{r['vs_fp16']:.2f}x" + (f" ({r['floor']}x)" if "floor" in r else "") if "vs_fp16" in r else ""
+            print(f"{r['weights']:<8}{r['name']:<24}{r['batch']:>7}{r['tokens_per_s']:>12,.0f}{r['ms_per_step']:>10.2f}  {ratio}")
+    if args.json:
+        payload = {"what": args.what, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__, "figures": figures}
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(payload, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()
