@@ -50,7 +50,8 @@ class ModelConfig:
 
 
 def resolve_checkpoint_path(path: str | Path) -> Path:
-    """`models/x` and `models/x.pth` name the same file; the one that exists wins."""
+    """`models/x` and `models/x.pth` name the same file; the one that exists wins (an int8
+    `.safetensors` file is named with its suffix)."""
     path = Path(path)
     if path.suffix == ".pth" or path.exists():
         candidate = path
@@ -68,6 +69,16 @@ def read_state_dict(path: str | Path) -> dict[str, torch.Tensor]:
     if not isinstance(loaded, dict) or not all(isinstance(v, torch.Tensor) for v in loaded.values()):
         raise ValueError(f"{resolved} is not a state dict of tensors")
     return loaded
+
+
+def read_config(path: str | Path) -> ModelConfig:
+    """The validated config of a `.pth` or an int8 `.safetensors` file, reading shapes only."""
+    resolved = resolve_checkpoint_path(path)
+    if resolved.suffix == ".safetensors":
+        from albatross import int8_checkpoint  # it builds on this module
+
+        return validate_state_dict(int8_checkpoint.read(resolved, tensors=False).state_dict)
+    return validate_state_dict(read_state_dict(resolved))
 
 
 def _shape_of(state_dict: Mapping[str, torch.Tensor], key: str, ndim: int) -> tuple[int, ...] | None:

@@ -20,7 +20,7 @@ from tqdm import tqdm
 from albatross import linear, ops
 from albatross.checkpoint import ModelConfig, fingerprint, read_state_dict, resolve_checkpoint_path, validate_state_dict
 from albatross.dtypes import DTYPES, SUPPORTED_DTYPES, default_dtype_name, dtype_named
-from albatross.quant import DEFAULT_WEIGHT_FORMAT, LARGE_MATRICES, check_weight_format, quantize
+from albatross.quant import DEFAULT_WEIGHT_FORMAT, LARGE_MATRICES, Int8Weight, check_weight_format, quantize
 from albatross.state import StatePool
 
 _ATT_MIX = ("x_r", "x_k", "x_v", "x_w", "x_a", "x_g")  # r, k, v first: their mixes feed one bmm
@@ -81,12 +81,19 @@ class _Converter:
     large matrices are quantized on the device from the file's own precision."""
 
     def __init__(
-        self, source: MutableMapping[str, torch.Tensor], device: torch.device, dtype: torch.dtype, weights: str, progress: bool
+        self,
+        source: MutableMapping[str, torch.Tensor],
+        device: torch.device,
+        dtype: torch.dtype,
+        weights: str,
+        progress: bool,
+        prequantized: dict[str, Int8Weight] | None = None,
     ):
         self.source = source
         self.device = device
         self.dtype = dtype
         self.weights = weights
+        self.prequantized = prequantized or {}  # matrices of an int8 checkpoint, by official key
         self.bar = tqdm(total=len(source), desc="loading weights", unit="tensor", file=sys.stderr, disable=not progress)
 
     def take(self, key: str) -> torch.Tensor:
@@ -104,14 +111,28 @@ class _Converter:
 
     def take_matrix(self, key: str) -> linear.Weight:
         """A large matrix `[in, out]`, in the model dtype or quantized."""
+        if key in self.prequantized:
+            return self._as_asked(self._prequantized(key))
         if self.weights == "fp16":
             return self.take(key)
         return quantize(self._raw_matrix(key))
 
     def take_matrices(self, keys: Sequence[str]) -> linear.Weight:
+        if keys[0] in self.prequantized:
+            parts = [self._prequantized(key) for key in keys]
+            return self._as_asked(Int8Weight(torch.stack([p.q for p in parts]), torch.stack([p.scale for p in parts])))
         if self.weights == "fp16":
             return self.take_stacked(keys)
         return quantize(torch.stack([self._raw_matrix(key) for key in keys]))
+
+    def _prequantized(self, key: str) -> Int8Weight:
+        self.source.pop(key)  # its shape-only placeholder
+        self.bar.update(1)
+        weight = self.prequantized.pop(key)
+        return Int8Weight(weight.q.to(self.device), weight.scale.to(self.device))
+
+    def _as_asked(self, weight: Int8Weight) -> linear.Weight:
+        return weight if self.weights == "int8" else weight.dequantize(self.dtype)
 
     def _raw_matrix(self, key: str) -> torch.Tensor:
         tensor = self.source.pop(key)
@@ -164,9 +185,19 @@ class RWKV7:
         progress: bool = True,
         weights: str = DEFAULT_WEIGHT_FORMAT,
     ) -> RWKV7:
-        """Load a `.pth` checkpoint (suffix optional). Default dtype: fp32 on CPU, fp16 on CUDA;
-        `weights="int8"` quantizes the large matrices (albatross/quant.py)."""
+        """Load a `.pth` checkpoint (suffix optional) or an int8 `.safetensors` one
+        (albatross/int8_checkpoint.py). Default dtype: fp32 on CPU, fp16 on CUDA; `weights="int8"`
+        quantizes the large matrices (albatross/quant.py); an int8 file with `weights="fp16"` is
+        dequantized."""
         resolved = resolve_checkpoint_path(path)
+        if resolved.suffix == ".safetensors":
+            from albatross import int8_checkpoint
+
+            source = int8_checkpoint.read(resolved)
+            return cls.from_state_dict(
+                source.state_dict, device, dtype, name=resolved.stem, progress=progress, weights=weights,
+                prequantized=source.matrices, known_fingerprint=source.fingerprint,
+            )  # fmt: skip
         return cls.from_state_dict(read_state_dict(resolved), device, dtype, name=resolved.stem, progress=progress, weights=weights)
 
     @classmethod
@@ -179,18 +210,22 @@ class RWKV7:
         name: str = "random",
         progress: bool = True,
         weights: str = DEFAULT_WEIGHT_FORMAT,
+        prequantized: dict[str, Int8Weight] | None = None,
+        known_fingerprint: str | None = None,
     ) -> RWKV7:
         """Build a model from an official-layout state dict on any device. The dict is consumed:
         each tensor is removed from it as it is converted, so peak memory is one copy of the
-        weights plus one tensor (and its fp32 quantization slabs with `weights="int8"`)."""
+        weights plus one tensor (and its fp32 quantization slabs with `weights="int8"`).
+        `prequantized`: matrices already in int8 (an int8 checkpoint), whose keys hold shape-only
+        placeholders in the dict; `known_fingerprint`: that file's recorded fingerprint."""
         check_weight_format(weights)
         config = validate_state_dict(state_dict)
         target = torch.device(device)
         if target.type == "cuda" and target.index is None:
             target = torch.device("cuda", torch.cuda.current_device())
         act_dtype = resolve_dtype(dtype, target)
-        digest = fingerprint(state_dict)
-        convert = _Converter(state_dict, target, act_dtype, weights, progress)
+        digest = known_fingerprint or fingerprint(state_dict)
+        convert = _Converter(state_dict, target, act_dtype, weights, progress, prequantized)
         try:
             emb = _normed_embedding(convert, config, act_dtype)
             layers = [_convert_layer(convert, i) for i in range(config.n_layer)]

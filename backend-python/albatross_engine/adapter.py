@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from albatross.checkpoint import ModelConfig, read_state_dict, resolve_checkpoint_path, validate_state_dict
+from albatross.checkpoint import ModelConfig, read_config
 from albatross.dtypes import DTYPES
 from albatross.model import RWKV7
 from albatross.random_checkpoint import NAMED_SHAPES, CheckpointShape, random_state_dict
@@ -344,10 +344,7 @@ def _model_loader(model_path: str, config: AlbatrossBackendConfig) -> ModelSourc
     def load_file(device: torch.device) -> RWKV7:
         return RWKV7.load(model_path, device, config.effective_dtype(device.type), progress=False, weights=config.weights)
 
-    def file_config() -> ModelConfig:  # reads the file's header only (memory-mapped)
-        return validate_state_dict(read_state_dict(resolve_checkpoint_path(model_path)))
-
-    return ModelSource(load_file, file_config)
+    return ModelSource(load_file, lambda: read_config(model_path))  # shapes only: the file is memory-mapped
 
 
 def shape_config(shape: CheckpointShape) -> ModelConfig:

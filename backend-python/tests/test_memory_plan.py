@@ -28,6 +28,7 @@ from albatross_engine.memory_plan import (
     state_bytes,
     weight_bytes,
 )
+from engine_helpers import collect
 from runner.interface import GenerationRequest, SamplingParams
 
 GIB = 1 << 30
@@ -152,8 +153,8 @@ def test_the_engine_lowers_the_batch_to_what_fits_and_serves_every_request(
         ]
         plans = engine.status()["memory_plan"]
         assert isinstance(plans, list) and plans[0]["batch_size"] == 3 and plans[0]["lowered"] == lowered
-        requests = [engine.generate(GenerationRequest([1, 2, i], SamplingParams(max_tokens=3, temperature=0))) for i in range(5)]
-        finished = [list(stream)[-1].finish_reason for stream in requests]
+        requests = [GenerationRequest([1, 2, i], SamplingParams(max_tokens=3, temperature=0)) for i in range(5)]
+        finished = [events[-1].finish_reason for events in collect(engine, requests)]  # at once: 3 run, 2 wait
         assert finished == ["length"] * 5
     finally:
         engine.shutdown()

@@ -10,11 +10,14 @@ from __future__ import annotations
 
 import gc
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 import torch
 
+from albatross.random_checkpoint import NAMED_SHAPES, write_random_checkpoint
 from albatross_engine.adapter import AlbatrossRWKV
+from engine_helpers import collect
 from runner.interface import GenerationRequest, SamplingParams
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
@@ -40,12 +43,11 @@ def capped(request: pytest.FixtureRequest) -> Iterator[int]:
 
 
 def _run_requests(engine: AlbatrossRWKV, count: int, prompt: int, tokens: int) -> list[str | None]:
+    """`count` requests at once; each one's finish reason."""
     generator = torch.Generator().manual_seed(count)
-    streams = [
-        engine.generate(GenerationRequest(torch.randint(0, 65530, (prompt,), generator=generator).tolist(), SamplingParams(max_tokens=tokens, temperature=1.0, top_p=0.6)))
-        for _ in range(count)
-    ]
-    return [list(stream)[-1].finish_reason for stream in streams]
+    sampling = SamplingParams(max_tokens=tokens, temperature=1.0, top_p=0.6)
+    requests = [GenerationRequest(torch.randint(0, 65530, (prompt,), generator=generator).tolist(), sampling) for _ in range(count)]
+    return [events[-1].finish_reason for events in collect(engine, requests)]
 
 
 @pytest.mark.parametrize("capped", [12], indirect=True)
@@ -82,14 +84,21 @@ def test_1_5b_fp16_runs_in_8_gb(capped: int) -> None:
         engine.shutdown()
 
 
+@pytest.fixture(scope="module")
+def checkpoint_0_4b(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A file, so that loading holds one tensor beside the model (random weights are generated
+    as a whole dict first, which is no part of the plan)."""
+    return write_random_checkpoint(tmp_path_factory.mktemp("plan") / "rwkv7-0.4b.pth", NAMED_SHAPES["0.4b"], seed=1, dtype="fp16")
+
+
 @pytest.mark.parametrize("weights", ["fp16", "int8"])
-def test_the_plan_covers_what_the_engine_reserves(weights: str) -> None:
+def test_the_plan_covers_what_the_engine_reserves(weights: str, checkpoint_0_4b: Path) -> None:
     """A full prefill budget of long prompts, then decode at the full batch with graphs."""
     gc.collect()
     torch.cuda.empty_cache()
     before = torch.cuda.memory_reserved()
     torch.cuda.reset_peak_memory_stats()
-    engine = AlbatrossRWKV("random:0.4b", worker_num=1, batch_size=64, device="cuda", weights=weights, prefill_budget=8192, prefill_chunk=1024)
+    engine = AlbatrossRWKV(str(checkpoint_0_4b), worker_num=1, batch_size=64, device="cuda", weights=weights, prefill_budget=8192, prefill_chunk=1024)
     try:
         (plan,) = engine.status()["memory_plan"]  # type: ignore[misc]
         assert _run_requests(engine, 64, prompt=1024, tokens=24) == ["length"] * 64
