@@ -47,19 +47,22 @@ class Variant:
 
 
 def variants(device: str) -> dict[str, Variant]:
+    if device == "cpu":  # fp32 activations isolate what the weights' rounding costs (CPU fp16 products are slow)
+        fp32 = torch.float32
+        return {
+            "int8 weights (fp32 activations and state)": Variant("int8", fp32, fp32),
+            "int8 per-channel, simulated (fp32 activations)": Variant("fp16", fp32, fp32, group=-1),
+            "int8 per-group 128, simulated (fp32 activations)": Variant("fp16", fp32, fp32, group=128),
+            "int8 per-group 64, simulated (fp32 activations)": Variant("fp16", fp32, fp32, group=64),
+        }
     half = torch.float16
-    found = {
+    return {
         "fp16 weights, fp32 state": Variant("fp16", half, torch.float32),
         "int8 weights, fp32 state": Variant("int8", half, torch.float32),
         "fp16 weights, fp16 state": Variant("fp16", half, torch.float16),
         "int8 weights, fp16 state": Variant("int8", half, torch.float16),
         "int8 per-group 128 (simulated), fp32 state": Variant("fp16", half, torch.float32, group=128),
     }
-    if device == "cpu":  # fp32 activations isolate what the weights' rounding costs
-        found["int8 weights, fp32 activations and state"] = Variant("int8", torch.float32, torch.float32)
-        found["int8 per-channel (simulated), fp32 activations"] = Variant("fp16", torch.float32, torch.float32, group=-1)
-        found["int8 per-group 128 (simulated), fp32 activations"] = Variant("fp16", torch.float32, torch.float32, group=128)
-    return found
 
 
 def _group_quantized(weight: torch.Tensor, group: int) -> torch.Tensor:
