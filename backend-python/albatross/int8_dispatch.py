@@ -15,9 +15,11 @@ tested against the twin.
 
 from __future__ import annotations
 
+import importlib.util
+
 import torch
 
-from albatross import linear
+from albatross import linear, ops
 from albatross.quant import Int8Weight, int8_mm_torch
 
 GEMV_MAX_ROWS = 4
@@ -25,29 +27,42 @@ TILE_MAX_ROWS = 1024
 DEQUANTIZE_SLAB = 1 << 25  # elements of one dequantized temporary (64 MB in fp16)
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 
-_gemv_enabled = False
-_tile_enabled = False
+_allowed = {"gemv": True, "tile": True}  # benchmarks switch paths off to compare
+_gemv_loaded = False  # latched once the int8 library has registered the op's CUDA kernel
+_triton = importlib.util.find_spec("triton") is not None
 
 
-def enable(gemv: bool | None = None, tile: bool | None = None) -> None:
-    """Switch the GPU paths on or off (cuda_ops.enable_cuda_kernels turns the GEMV on once its
-    library loads, and the tile kernel when Triton imports; benchmarks switch them to compare)."""
-    global _gemv_enabled, _tile_enabled
+def set_allowed(gemv: bool | None = None, tile: bool | None = None) -> None:
+    """Let products take the GEMV or the tile kernel (both by default), or keep them off."""
     if gemv is not None:
-        _gemv_enabled = gemv
+        _allowed["gemv"] = gemv
     if tile is not None:
-        _tile_enabled = tile
+        _allowed["tile"] = tile
+
+
+def gemv_enabled() -> bool:
+    """Allowed, and the int8 library loaded (cuda_ops.enable_cuda_kernels). A loaded kernel stays
+    registered, so True is remembered; until then each call asks the dispatcher."""
+    global _gemv_loaded
+    if not _gemv_loaded:
+        _gemv_loaded = torch._C._dispatch_has_kernel_for_dispatch_key(f"{ops.NAMESPACE}::int8_gemv", "CUDA")
+    return _allowed["gemv"] and _gemv_loaded
+
+
+def tile_enabled() -> bool:
+    """Allowed, and Triton installed (it comes with CUDA builds of torch) with a GPU to run on."""
+    return _allowed["tile"] and _triton and torch.cuda.is_available()
 
 
 def enabled() -> dict[str, bool]:
-    return {"gemv": _gemv_enabled, "tile": _tile_enabled}
+    return {"gemv": gemv_enabled(), "tile": tile_enabled()}
 
 
 def dequantize_above_rows(device_type: str) -> int:
     """The most rows a product takes without dequantizing a slab (for the memory plan)."""
     if device_type != "cuda":
         return 0
-    return TILE_MAX_ROWS if _tile_enabled else GEMV_MAX_ROWS if _gemv_enabled else 0
+    return TILE_MAX_ROWS if tile_enabled() else GEMV_MAX_ROWS if gemv_enabled() else 0
 
 
 def path_for(x: torch.Tensor, weight: Int8Weight) -> str:
@@ -55,16 +70,16 @@ def path_for(x: torch.Tensor, weight: Int8Weight) -> str:
     if not (x.is_cuda and x.dtype in _KERNEL_DTYPES and x.stride(-1) == 1):
         return "dequantize"
     rows = x.shape[-2]
-    if rows <= GEMV_MAX_ROWS and _gemv_enabled and weight.q.shape[-1] % 16 == 0:
+    if rows <= GEMV_MAX_ROWS and weight.q.shape[-1] % 16 == 0 and gemv_enabled():
         return "gemv"
-    if rows <= TILE_MAX_ROWS and _tile_enabled:
+    if rows <= TILE_MAX_ROWS and tile_enabled():
         return "tile"
     return "dequantize"
 
 
 def int8_gemv(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
     """The CUDA kernel: x `[R, K]` or `[B, R, K]`, R <= 4."""
-    return torch.ops.albatross.int8_gemv(x, weight.q, weight.scale, linear.counters(x.device))
+    return ops.int8_gemv(x, weight.q, weight.scale, linear.counters(x.device))
 
 
 def int8_tile(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
@@ -74,7 +89,7 @@ def int8_tile(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
 
 
 def _dense_product(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
-    if x.is_cuda and _tile_enabled:  # one Triton pass, equal to the twin's dequantization
+    if x.is_cuda and tile_enabled():  # one Triton pass, equal to the twin's dequantization
         from albatross import int8_triton
 
         q, scale = weight.q.contiguous(), weight.scale.contiguous()

@@ -1,3 +1,5 @@
+# mypy: disable-error-code="no-untyped-def"
+# (the @triton.jit functions are Triton's language, not Python that mypy can check)
 """The W8A16 tile kernel (Triton): `y = (x @ q) * scale` for more rows than the GEMV takes.
 
 Each program owns a `BLOCK_M x BLOCK_N` tile of y: it walks K in `BLOCK_K` steps, loads an

@@ -156,7 +156,7 @@ class RWKV7:
         emb: torch.Tensor,
         ln_out_weight: torch.Tensor,
         ln_out_bias: torch.Tensor,
-        head: torch.Tensor,
+        head: linear.Weight,
         fingerprint: str,
         name: str,
         weights: str = DEFAULT_WEIGHT_FORMAT,

@@ -25,7 +25,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from albatross import sampler
+from albatross import quant, sampler
 
 GROUP_NORM_EPS = 64e-5
 HEAD_SIZE = 64
@@ -275,6 +275,17 @@ def relu_square_torch(x: torch.Tensor) -> torch.Tensor:
 
 
 relu_square = _declare("relu_square(Tensor x) -> Tensor", relu_square_torch)
+
+
+def int8_gemv_torch(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """`x @ (q * scale)` for int8 weights with per-channel scales (W8A16, albatross/quant.py): x
+    `[R, K]` with q `[K, N]` int8 and scale `[N]` fp32, or stacks `[B, R, K]`, `[B, K, N]`, `[B, N]`.
+    The CUDA kernel takes 1-4 rows; `counters` is its int32 workspace (albatross.linear keeps one per
+    device), which the twin does not read."""
+    return quant.int8_mm_torch(x, quant.Int8Weight(q, scale))
+
+
+int8_gemv = _declare("int8_gemv(Tensor x, Tensor q, Tensor scale, Tensor(a!) counters) -> Tensor", int8_gemv_torch)
 
 
 def sample_torch(

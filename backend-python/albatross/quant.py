@@ -104,5 +104,4 @@ def quantize(weight: torch.Tensor) -> Int8Weight:
 def int8_mm_torch(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
     """The twin of every int8 kernel: dequantize to the activation dtype, then the float product
     (cuBLAS on a GPU). Exact up to the rounding of `q * scale` to that dtype."""
-    dense = weight.dequantize(x.dtype)
-    return torch.mm(x, dense) if dense.dim() == 2 else torch.bmm(x, dense)
+    return torch.matmul(x, weight.dequantize(x.dtype))

@@ -28,11 +28,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from albatross import cuda_ops, int8_dispatch, int8_triton  # noqa: E402
-from albatross.model import RWKV7  # noqa: E402
-from albatross.quant import LARGE_MATRICES, QMAX, quantize  # noqa: E402
-from albatross.random_checkpoint import NAMED_SHAPES, CheckpointShape, random_state_dict  # noqa: E402
-from albatross.state import StatePool  # noqa: E402
+from albatross import cuda_ops, int8_dispatch, int8_triton
+from albatross.model import RWKV7
+from albatross.quant import LARGE_MATRICES, QMAX, Int8Weight, quantize
+from albatross.random_checkpoint import NAMED_SHAPES, CheckpointShape, random_state_dict
+from albatross.state import StatePool
 
 # ---------------------------------------------------------------------------------------------
 # Accuracy
@@ -170,7 +170,7 @@ def _external_int8() -> dict[str, Callable[[torch.Tensor, torch.Tensor], Callabl
             return layer
 
         found["torchao int8 weight-only (eager)"] = torchao_int8
-    except Exception as error:  # noqa: BLE001 - any import failure means "not measured"
+    except Exception as error:
         print(f"torchao not measured: {type(error).__name__}: {error}")
     try:
         import gemlite  # type: ignore[import-not-found]
@@ -182,9 +182,38 @@ def _external_int8() -> dict[str, Callable[[torch.Tensor, torch.Tensor], Callabl
             return A16W8_INT8(device=str(weight.device)).from_linear(layer)
 
         found[f"gemlite {getattr(gemlite, '__version__', '')} A16W8"] = gemlite_int8
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         print(f"gemlite not measured: {type(error).__name__}: {error}")
     return found
+
+
+def _kernel_row(
+    label: str, dense: torch.Tensor, weight: Int8Weight, others: dict[str, Callable[[torch.Tensor], torch.Tensor]], rows: int, reps: int
+) -> dict[str, object]:
+    """Every path's time for one matrix and row count (microseconds), and the best int8 one."""
+    x = torch.randn(rows, dense.shape[0], device="cuda", dtype=torch.float16)
+    row: dict[str, object] = {"matrix": label, "rows": rows}
+    row["fp16 cuBLAS"] = _time(lambda: torch.mm(x, dense), reps)
+    if rows <= int8_dispatch.GEMV_MAX_ROWS:
+        row["int8 GEMV"] = _time(lambda: int8_dispatch.int8_gemv(x, weight), reps)
+    row["int8 tile (default)"] = _time(lambda: int8_dispatch.int8_tile(x, weight), reps)
+    for config in ALTERNATIVE_TILES:
+        name = f"int8 tile {config.block_m}x{config.block_n}x{config.block_k} w{config.num_warps} s{config.num_stages}"
+        row[name] = _time(lambda config=config: int8_triton.w8a16_mm(x, weight.q, weight.scale, config), reps)  # type: ignore[misc]
+    row["int8 dequantize + cuBLAS"] = _time(lambda: int8_dispatch.int8_dequantized(x, weight), reps)
+    for name, layer in others.items():
+        try:
+            with torch.inference_mode():
+                row[name] = _time(lambda layer=layer: layer(x), reps)  # type: ignore[misc]
+        except Exception as error:
+            row[name] = f"failed: {type(error).__name__}: {str(error)[:120]}"
+    fp16 = float(row["fp16 cuBLAS"])  # type: ignore[arg-type]
+    timed = {k: v for k, v in row.items() if isinstance(v, float) and k.startswith("int8")}
+    best = min(timed, key=timed.__getitem__)
+    row["best int8"] = best
+    row["best int8 vs fp16"] = fp16 / timed[best]
+    print(f"{label:<24} rows {rows:>6}: fp16 {fp16:9.1f} us | best {best} {timed[best]:9.1f} us ({fp16 / timed[best]:.2f}x)", flush=True)
+    return row
 
 
 def kernels(reps: int, rows_list: tuple[int, ...]) -> list[dict[str, object]]:
@@ -195,32 +224,7 @@ def kernels(reps: int, rows_list: tuple[int, ...]) -> list[dict[str, object]]:
         dense = (torch.randn(K, N, generator=gen, device="cuda") / K**0.5).half()
         weight = quantize(dense)
         others = {name: make(dense, weight.scale) for name, make in external.items()}
-        for rows in rows_list:
-            x = torch.randn(rows, K, device="cuda", dtype=torch.float16)
-            row: dict[str, object] = {"matrix": label, "rows": rows}
-            row["fp16 cuBLAS"] = _time(lambda: torch.mm(x, dense), reps)
-            if rows <= int8_dispatch.GEMV_MAX_ROWS:
-                row["int8 GEMV"] = _time(lambda: int8_dispatch.int8_gemv(x, weight), reps)
-            row["int8 tile (default)"] = _time(lambda: int8_dispatch.int8_tile(x, weight), reps)
-            for config in ALTERNATIVE_TILES:
-                row[f"int8 tile {config.block_m}x{config.block_n}x{config.block_k} w{config.num_warps} s{config.num_stages}"] = _time(
-                    lambda: int8_triton.w8a16_mm(x, weight.q, weight.scale, config), reps
-                )
-            row["int8 dequantize + cuBLAS"] = _time(lambda: int8_dispatch.int8_dequantized(x, weight), reps)
-            for name, layer in others.items():
-                try:
-                    with torch.inference_mode():
-                        row[name] = _time(lambda: layer(x), reps)
-                except Exception as error:  # noqa: BLE001 - record and go on
-                    row[name] = f"failed: {type(error).__name__}: {str(error)[:120]}"
-            fp16 = float(row["fp16 cuBLAS"])  # type: ignore[arg-type]
-            timed = {k: v for k, v in row.items() if isinstance(v, float) and k.startswith("int8")}
-            best = min(timed, key=timed.__getitem__)
-            row["best int8"] = best
-            row["best int8 vs fp16"] = fp16 / timed[best]
-            print(f"{label:<24} rows {rows:>6}: fp16 {fp16:9.1f} us | best {best} {timed[best]:9.1f} us ({fp16 / timed[best]:.2f}x)", flush=True)
-            results.append(row)
-        del dense, weight, others
+        results.extend(_kernel_row(label, dense, weight, others, rows, reps) for rows in rows_list)
         torch.cuda.empty_cache()
     return results
 

@@ -36,7 +36,7 @@ print('int8 paths', int8_dispatch.enabled())
 
 if [ "${TESTS:-1}" = 1 ]; then
   echo "== GPU tests" | tee -a "$log"
-  TEST_FILES=${TEST_FILES:-tests/test_int8_cuda.py tests/test_model_cuda.py tests/test_engine_cuda.py}
+  TEST_FILES=${TEST_FILES:-tests/test_int8_cuda.py tests/test_kernel_loader.py tests/test_model_cuda.py tests/test_engine_cuda.py}
   timeout 180 $PY -m pytest $TEST_FILES -q -n 4 -p no:cacheprovider --durations=5 2>&1 | tee "$OUT/int8_tests.log" | tail -25 | tee -a "$log"
 fi
 

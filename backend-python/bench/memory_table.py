@@ -13,10 +13,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from albatross.random_checkpoint import NAMED_SHAPES  # noqa: E402
-from albatross_engine.adapter import shape_config  # noqa: E402
-from albatross_engine.config import DEFAULT_PREFILL_BUDGET, DEFAULT_PREFILL_CHUNK  # noqa: E402
-from albatross_engine.memory_plan import MemoryPlanError, MemoryRequest, plan_memory, weight_bytes  # noqa: E402
+from albatross.random_checkpoint import NAMED_SHAPES
+from albatross_engine.adapter import shape_config
+from albatross_engine.config import DEFAULT_PREFILL_BUDGET, DEFAULT_PREFILL_CHUNK
+from albatross_engine.memory_plan import MemoryPlanError, MemoryRequest, plan_memory, weight_bytes
 
 CARDS_GB = (8, 12, 16, 24, 48, 80)
 SHAPES = ("0.4b", "1.5b", "2.9b", "7.2b")

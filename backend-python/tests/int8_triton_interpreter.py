@@ -17,7 +17,7 @@ import triton.runtime.interpreter as interpreter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import torch  # noqa: E402
+import torch
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
@@ -33,8 +33,8 @@ def _patch_with_scalar_index(tensor: object, scope: object) -> None:
 
 interpreter._patch_lang_tensor = _patch_with_scalar_index
 
-from albatross import int8_triton  # noqa: E402
-from albatross.quant import int8_mm_torch, quantize  # noqa: E402
+from albatross import int8_triton
+from albatross.quant import int8_mm_torch, quantize
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 SMALL = int8_triton.TileConfig(16, 16, 32, group_m=2)

@@ -104,9 +104,9 @@ _BAD_CALLS = {
 def test_bad_gemv_arguments_raise_instead_of_crashing(setup: str) -> None:
     """In a child process: a crash there fails this test instead of the whole run."""
     script = (
-        "import torch; from albatross import cuda_ops, linear; cuda_ops.enable_cuda_kernels(); "
+        "import torch; from albatross import cuda_ops, linear, ops; cuda_ops.enable_cuda_kernels(); "
         f"{setup}; scale = torch.ones(q.shape[1], device='cuda')\n"
-        "try:\n    torch.ops.albatross.int8_gemv(x, q, scale, linear.counters(x.device))\n"
+        "try:\n    ops.int8_gemv(x, q, scale, linear.counters(x.device))\n"
         "except RuntimeError as error:\n    print('raised:', error)\n"
     )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300, check=False)

@@ -7,6 +7,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from albatross import kernel_build, kernel_loader, ops
+from albatross import kernel_build, kernel_loader
 from albatross.kernel_loader import KernelContext, KernelEntry, select_entry
 
 H200 = KernelContext(torch="2.11.0", cuda="13.0", platform="linux_x86_64", arch="sm90")
@@ -282,7 +283,7 @@ def test_gencode_flags_refuse_archs_cuda_13_cannot_build() -> None:
 
 
 def test_unknown_kernel_name_lists_the_known_ones() -> None:
-    with pytest.raises(KeyError, match="known: fused, sampler, wkv7"):
+    with pytest.raises(KeyError, match="known: fused, int8, sampler, wkv7"):
         kernel_build.kernel_sources("softmax")
 
 
@@ -321,9 +322,34 @@ def test_repository_manifest_entries_point_at_files_with_their_sha256() -> None:
         assert kernel_loader.file_sha256(path) == item.sha256, f"{item.path} does not match its manifest sha256"
 
 
+# Libraries whose binaries are not committed yet (build_kernels.py is the only writer of binaries
+# and manifest, run once per source change): until then a GPU JIT-builds them and the CPU runs the
+# twins. The next rebuild adds them, and the test below then asks for this set to be emptied.
+AWAITING_BUILD = frozenset({"int8"})
+BUILT = tuple(name for name in kernel_build.KERNEL_SOURCES if name not in AWAITING_BUILD)
+
+
+def _ops_of(library: str) -> set[str]:
+    """The ops a library registers kernels for (its m.impl lines)."""
+    return {op for path in kernel_build.kernel_sources(library) for op in re.findall(r'm\.impl\("(\w+)"', path.read_text())}
+
+
+def test_libraries_awaiting_a_build_have_no_binary_yet() -> None:
+    listed = {item.name for item in kernel_loader.read_manifest()}
+    assert AWAITING_BUILD <= set(kernel_build.KERNEL_SOURCES), "AWAITING_BUILD names a library that does not exist"
+    assert not AWAITING_BUILD & listed, f"{sorted(AWAITING_BUILD & listed)} are built now: remove them from AWAITING_BUILD"
+
+
+def test_repository_binaries_were_built_from_this_checkouts_sources() -> None:
+    """A source edit makes a library's committed binary stale (the loader would refuse it and
+    compile): the edit and the rebuild go together."""
+    for item in kernel_loader.read_manifest():
+        assert item.source == kernel_build.source_digest(item.name), f"{item.path} is stale: rerun build_kernels.py"
+
+
 def test_repository_binaries_cover_every_library_and_gpu_generation() -> None:
     entries = kernel_loader.read_manifest()
-    for name in kernel_build.KERNEL_SOURCES:
+    for name in BUILT:
         for device, expected in REAL_GPUS.items():
             env = context(arch=device, torch=".".join(map(str, kernel_build.STABLE_ABI_TARGET)) + ".0")
             choice = select_entry(entries, name, env)
@@ -363,7 +389,7 @@ def test_this_gpu_takes_the_committed_binaries_without_compiling(tmp_path: Path)
     """On the H200: the sm90 cubins of the committed fat binaries, nothing compiled."""
     script = (
         "from albatross import cuda_ops, kernel_loader as k, ops; "
-        "results = cuda_ops.enable_cuda_kernels(); "
+        f"results = k.load_kernels({BUILT!r}, allow_jit=False); "
         "print([(r.how, r.notes) for r in results.values()]); "
         "print(k.current_cuda_arch(), sorted(ops.registered_cuda_ops()))"
     )
@@ -375,8 +401,9 @@ def test_this_gpu_takes_the_committed_binaries_without_compiling(tmp_path: Path)
     assert choice is not None, f"no committed binary for {device}"
     expected_note = f"{choice.arch} code for this {device} GPU"
     lines = done.stdout.splitlines()
-    assert lines[0] == str([("prebuilt", [expected_note])] * len(kernel_build.KERNEL_SOURCES)), done.stdout + done.stderr
-    assert lines[1] == f"{device} {sorted(ops.declared_ops())}", "every declared op has its CUDA kernel"
+    assert lines[0] == str([("prebuilt", [expected_note])] * len(BUILT)), done.stdout + done.stderr
+    served = sorted(set().union(*(_ops_of(name) for name in BUILT)))
+    assert lines[1] == f"{device} {served}", "every op of a committed library has its CUDA kernel"
     assert not (tmp_path / "cache").exists(), "nothing may be compiled"
     if device == "sm90":
         assert choice.arch == "sm90"
@@ -401,4 +428,5 @@ print(sorted(ops.registered_cuda_ops()))
     cwd = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, "-c", script, str(root)], capture_output=True, text=True, cwd=cwd)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert done.stdout.strip() == str(sorted(ops.declared_ops())), done.stdout
+    served = sorted(set().union(*(_ops_of(name) for name in BUILT)))
+    assert done.stdout.strip() == str(served), done.stdout

@@ -71,6 +71,12 @@ def _cases(gen: torch.Generator) -> dict[str, list[tuple[tuple[object, ...], tup
         ],
         "gn_bonus_gate": [((x, k, v, w_lora, a_lora, k_k, weight, bias), ())],
         "relu_square": [((x,), ())],
+        "int8_gemv": [
+            ((x[:3], torch.randint(-127, 128, (C, 48), generator=gen, dtype=torch.int8), torch.rand(48, generator=gen),
+              torch.zeros(4, dtype=torch.int32)), (3,)),
+            ((_randn(gen, 3, 2, C), torch.randint(-127, 128, (3, C, 32), generator=gen, dtype=torch.int8),
+              torch.rand(3, 32, generator=gen), torch.zeros(4, dtype=torch.int32)), (3,)),
+        ],  # fmt: skip
         "sample": [
             ((logits, torch.tensor([2, 0, 3]), batch.temperature, batch.top_p, batch.top_k, batch.presence, batch.frequency,
               batch.decay, batch.seed32, batch.step, penalties, seen, True), (10, 11)),

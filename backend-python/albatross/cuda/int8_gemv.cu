@@ -135,14 +135,20 @@ __global__ void __launch_bounds__(kThreads) int8_gemv_kernel(const T* __restrict
 }
 
 int multiprocessors(int device) {
+  // Written once per device with the same value by any thread that gets here first: a benign race.
   static int cached[64] = {0};
   if (device < 0 || device >= 64) return 132;
-  if (cached[device] == 0) C10_CUDA_CHECK(cudaDeviceGetAttribute(&cached[device], cudaDevAttrMultiProcessorCount, device));
+  if (cached[device] == 0) {
+    int count = 0;
+    const cudaError_t error = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
+    ALBATROSS_CHECK(error == cudaSuccess, "cudaDeviceGetAttribute failed: ", cudaGetErrorString(error));
+    cached[device] = count;
+  }
   return cached[device];
 }
 
 // x [B, R, K] (or [R, K]), q [B, K, N] (or [K, N]) int8, scale [B, N] (or [N]) fp32 -> y [B, R, N] (or [R, N]).
-at::Tensor int8_gemv_cuda(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale, at::Tensor counters) {
+Tensor int8_gemv_cuda(const Tensor& x, const Tensor& q, const Tensor& scale, Tensor counters) {
   check_cuda(x, "x");
   check_cuda(q, "q");
   check_cuda(scale, "scale");
@@ -151,49 +157,51 @@ at::Tensor int8_gemv_cuda(const at::Tensor& x, const at::Tensor& q, const at::Te
   ALBATROSS_CHECK(q.dim() == 2 || batched, "q must be [K, N] or [B, K, N], got ", q.sizes());
   ALBATROSS_CHECK(x.dim() == q.dim(), "x must be [R, K] with a [K, N] q, or [B, R, K] with a [B, K, N] q; got ", x.sizes(),
                   " and ", q.sizes());
-  const int64_t B = batched ? q.size(0) : 1, K = q.size(-2), N = q.size(-1), R = x.size(-2);
+  const int64_t d = q.dim();  // explicit indices: the stable ABI's size() takes no negative dims
+  const int64_t B = batched ? q.size(0) : 1, K = q.size(d - 2), N = q.size(d - 1), R = x.size(d - 2);
   ALBATROSS_CHECK(!batched || x.size(0) == B, "x and q must have the same batch size");
-  ALBATROSS_CHECK(x.size(-1) == K, "x has ", x.size(-1), " columns for a q of ", K, " rows");
+  ALBATROSS_CHECK(x.size(d - 1) == K, "x has ", x.size(d - 1), " columns for a q of ", K, " rows");
   ALBATROSS_CHECK(R >= 1 && R <= kMaxRows, "int8_gemv takes 1 to 4 rows, got ", R);
-  ALBATROSS_CHECK(x.scalar_type() == at::kHalf || x.scalar_type() == at::kBFloat16, "x must be float16 or bfloat16, got ",
-                  x.scalar_type());
-  ALBATROSS_CHECK(q.scalar_type() == at::kChar, "q must be int8, got ", q.scalar_type());
+  ALBATROSS_CHECK(x.scalar_type() == ScalarType::Half || x.scalar_type() == ScalarType::BFloat16,
+                  "x must be float16 or bfloat16, got ", x.scalar_type());
+  ALBATROSS_CHECK(q.scalar_type() == ScalarType::Char, "q must be int8, got ", q.scalar_type());
   ALBATROSS_CHECK(q.is_contiguous() && N % kVec == 0 && reinterpret_cast<uintptr_t>(q.data_ptr()) % 16 == 0,
                   "q must be contiguous, 16-byte aligned, with a multiple of 16 columns");
-  ALBATROSS_CHECK(scale.scalar_type() == at::kFloat && scale.is_contiguous() && scale.dim() == q.dim() - 1 &&
-                      scale.size(-1) == N && (!batched || scale.size(0) == B),
+  ALBATROSS_CHECK(scale.scalar_type() == ScalarType::Float && scale.is_contiguous() && scale.dim() == d - 1 &&
+                      scale.size(d - 2) == N && (!batched || scale.size(0) == B),
                   "scale must be contiguous float32 [N] (or [B, N]) matching q");
-  ALBATROSS_CHECK(x.stride(-1) == 1, "x must have unit stride along its last dimension");
+  ALBATROSS_CHECK(x.stride(d - 1) == 1, "x must have unit stride along its last dimension");
   ALBATROSS_CHECK(x.device() == q.device() && scale.device() == q.device() && counters.device() == q.device(),
                   "x, q, scale and counters must share a device");
-  ALBATROSS_CHECK(counters.scalar_type() == at::kInt && counters.is_contiguous(), "counters must be contiguous int32");
+  ALBATROSS_CHECK(counters.scalar_type() == ScalarType::Int && counters.is_contiguous(), "counters must be contiguous int32");
   ALBATROSS_CHECK(K >= 1 && K <= INT_MAX && N <= INT_MAX && B <= 65535, "matrix too large for one launch");
 
   const int64_t tiles = (N + kTileN - 1) / kTileN;
   ALBATROSS_CHECK(tiles * B <= counters.numel(), "counters holds ", counters.numel(), " tiles, this call needs ", tiles * B);
-  const c10::cuda::CUDAGuard guard(q.device());
+  const DeviceGuard guard(q.get_device_index());
+  if (N == 0 || B == 0) return batched ? new_empty(x, {B, R, N}) : new_empty(x, {R, N});
   // Enough blocks for every SM to have ~4 in flight, each split a multiple of kKStep rows and small
   // enough for its x slice to fit in shared memory.
-  const int64_t want = (4 * multiprocessors(q.get_device()) + tiles * B - 1) / (tiles * B);
+  const int64_t want = (4 * multiprocessors(q.get_device_index()) + tiles * B - 1) / (tiles * B);
   int64_t k_per_split = (K + std::max<int64_t>(want, 1) - 1) / std::max<int64_t>(want, 1);
   k_per_split = std::min<int64_t>((k_per_split + kKStep - 1) / kKStep * kKStep, kMaxSplitK);
   const int64_t splits = (K + k_per_split - 1) / k_per_split;
   ALBATROSS_CHECK(splits <= 65535, "K too large for one launch");
 
-  const std::vector<int64_t> y_shape = batched ? std::vector<int64_t>{B, R, N} : std::vector<int64_t>{R, N};
-  at::Tensor y = at::empty(y_shape, x.options());
-  at::Tensor partial = at::empty({B, splits, R, N}, x.options().dtype(at::kFloat));
-  const int64_t x_batch_stride = batched ? x.stride(0) : 0, x_row_stride = x.stride(-2);
+  Tensor y = batched ? new_empty(x, {B, R, N}) : new_empty(x, {R, N});
+  Tensor partial = new_empty(x, {B, splits, R, N}, ScalarType::Float);
+  const int64_t x_batch_stride = batched ? x.stride(0) : 0, x_row_stride = x.stride(d - 2);
   const size_t shared = std::max<size_t>(R * k_per_split * sizeof(float), kReduceBytes);
   const dim3 grid(static_cast<unsigned>(tiles), static_cast<unsigned>(splits), static_cast<unsigned>(B));
-  cudaStream_t stream = c10::cuda::getCurrentCUDAStream();
+  const cudaStream_t stream = current_stream(q);
   auto launch = [&](auto type_tag, auto rows_tag) {
     using T = decltype(type_tag);
     constexpr int Rows = decltype(rows_tag)::value;
     int8_gemv_kernel<T, Rows><<<grid, kThreads, shared, stream>>>(
-        reinterpret_cast<const T*>(x.data_ptr()), x_batch_stride, x_row_stride, q.data_ptr<int8_t>(), scale.data_ptr<float>(),
-        partial.data_ptr<float>(), counters.data_ptr<int>(), reinterpret_cast<T*>(y.data_ptr()), static_cast<int>(K),
-        static_cast<int>(N), static_cast<int>(k_per_split), static_cast<int>(splits));
+        static_cast<const T*>(x.data_ptr()), x_batch_stride, x_row_stride, static_cast<const int8_t*>(q.data_ptr()),
+        static_cast<const float*>(scale.data_ptr()), static_cast<float*>(partial.data_ptr()),
+        static_cast<int*>(counters.data_ptr()), static_cast<T*>(y.data_ptr()), static_cast<int>(K), static_cast<int>(N),
+        static_cast<int>(k_per_split), static_cast<int>(splits));
   };
   auto by_rows = [&](auto type_tag) {
     switch (R) {
@@ -203,12 +211,12 @@ at::Tensor int8_gemv_cuda(const at::Tensor& x, const at::Tensor& q, const at::Te
       default: return launch(type_tag, std::integral_constant<int, 4>{});
     }
   };
-  if (x.scalar_type() == at::kHalf) {
+  if (x.scalar_type() == ScalarType::Half) {
     by_rows(__half{});
   } else {
     by_rows(__nv_bfloat16{});
   }
-  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  check_launch();
   return y;
 }
 
@@ -217,8 +225,5 @@ static_assert(kMaxRows * kMaxSplitK * 4 <= 48 * 1024 && kReduceBytes <= 48 * 102
 }  // namespace
 }  // namespace albatross
 
-TORCH_LIBRARY_FRAGMENT(albatross, m) {
-  m.def("int8_gemv(Tensor x, Tensor q, Tensor scale, Tensor(a!) counters) -> Tensor");
-}
-
-TORCH_LIBRARY_IMPL(albatross, CUDA, m) { m.impl("int8_gemv", &albatross::int8_gemv_cuda); }
+// The schema is declared in albatross/ops.py.
+STABLE_TORCH_LIBRARY_IMPL(albatross, CUDA, m) { m.impl("int8_gemv", TORCH_BOX(&albatross::int8_gemv_cuda)); }
