@@ -21,6 +21,7 @@ from runner.admission import Admission
 from runner.auth import PasswordMiddleware
 from runner.backends import BACKENDS, BackendEntry, UnknownStrategy, default_strategy, find_backend
 from runner.context import AppContext, app_context
+from runner.cors import OriginGuard, OriginPolicy, cors_middleware_options
 from runner.drain import Drain, DrainMiddleware
 from runner.errors import ApiError, install_error_handlers
 from runner.heap import IdleTrim
@@ -46,6 +47,8 @@ ROUTE_MODULES: tuple[str, ...] = (
     "runner.routes.native",
     "runner.routes.state_sessions",
     "runner.routes.health",
+    "runner.routes.files",
+    "runner.routes.billing",
 )
 
 
@@ -131,14 +134,10 @@ def create_app(
         app.add_middleware(PasswordMiddleware, password=settings.password, routes=lambda: app.router.routes)
     app.add_middleware(JsonBodyMiddleware, read_timeout_s=settings.request_read_timeout or None)
     app.add_middleware(BodySizeLimitMiddleware, max_body_bytes=settings.max_body_bytes)
-    if settings.cors_origins:
-        app.add_middleware(
-            CORSMiddleware,
-            allow_origins=list(settings.cors_origins),
-            allow_methods=["*"],
-            allow_headers=["*"],
-            expose_headers=["X-Request-Id", "Retry-After"],
-        )
+    # CORS outside the origin guard: preflights are answered, refusals from inside carry its headers.
+    origins = OriginPolicy(settings.cors_origins)
+    app.add_middleware(OriginGuard, policy=origins)
+    app.add_middleware(CORSMiddleware, **cors_middleware_options(origins))  # type: ignore[arg-type]
     app.add_middleware(DrainMiddleware, drain=app.state.drain)  # outside everything but the request log
     app.add_middleware(RequestLogMiddleware, metrics=app_context(app).metrics)  # outermost: sees every answer
     return app

@@ -26,10 +26,15 @@ class BackendEntry:
     first_words: tuple[str, ...]  # lower-case first words of the strategies it serves
     factory: str  # "module:function"
     default_strategy: str
+    # "module:function" called with (model path, strategy) BEFORE the serving backend is shut down:
+    # it raises LoadRefused for what can be known without loading (a bad strategy, a file that is
+    # not a checkpoint), so a refused switch leaves the old model serving. None: no checks.
+    preflight: str | None = None
 
     def __post_init__(self) -> None:
-        if ":" not in self.factory:
-            raise ValueError(f"factory must be 'module:function', got {self.factory!r}")
+        for spec in (self.factory, self.preflight):
+            if spec is not None and ":" not in spec:
+                raise ValueError(f"factory and preflight must be 'module:function', got {spec!r}")
 
     @property
     def module_name(self) -> str:
@@ -47,9 +52,25 @@ class BackendLoadError(RuntimeError):
 # The Albatross engine parses the rest of its strategy itself (albatross_engine/config.py).
 ALBATROSS_STRATEGY_WORDS: tuple[str, ...] = ("albatross", "chirrup")
 
+
+class LoadRefused(ValueError):
+    """A load that cannot succeed, found before anything was unloaded (400 naming `param`)."""
+
+    def __init__(self, message: str, param: str) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+
+
 BACKENDS: tuple[BackendEntry, ...] = (
-    BackendEntry("albatross", ALBATROSS_STRATEGY_WORDS, "albatross_engine.adapter:create_backend", "albatross workers=1 batch=32"),
-    BackendEntry("classic", ("cpu", "cuda"), "runner.classic_backend:create_backend", "cpu fp32"),
+    BackendEntry(
+        "albatross",
+        ALBATROSS_STRATEGY_WORDS,
+        "albatross_engine.adapter:create_backend",
+        "albatross workers=1 batch=32",
+        preflight="albatross_engine.preflight:check_load",
+    ),
+    BackendEntry("classic", ("cpu", "cuda"), "runner.classic_backend:create_backend", "cpu fp32", preflight="runner.classic_backend:check_load"),
 )
 
 
@@ -87,13 +108,23 @@ def default_strategy(registry: Sequence[BackendEntry] = BACKENDS) -> str:
     return registry[-1].default_strategy
 
 
-def load_factory(entry: BackendEntry) -> BackendFactory:
-    module_name, _, function_name = entry.factory.partition(":")
+def _load_callable(entry: BackendEntry, spec: str) -> Callable[..., object]:
+    module_name, _, function_name = spec.partition(":")
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:  # any failure while importing a backend is a load error, not a crash
         raise BackendLoadError(f"the {entry.name} backend cannot be imported ({module_name}): {exc}") from exc
-    factory = getattr(module, function_name, None)
-    if not callable(factory):
-        raise BackendLoadError(f"{entry.factory} is not a callable factory")
-    return factory
+    function = getattr(module, function_name, None)
+    if not callable(function):
+        raise BackendLoadError(f"{spec} is not callable")
+    return function
+
+
+def load_factory(entry: BackendEntry) -> BackendFactory:
+    return _load_callable(entry, entry.factory)
+
+
+def preflight(entry: BackendEntry, model_path: str, strategy: str) -> None:
+    """The entry's checks before a switch (see BackendEntry.preflight); raises LoadRefused."""
+    if entry.preflight is not None:
+        _load_callable(entry, entry.preflight)(model_path, strategy)

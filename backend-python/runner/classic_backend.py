@@ -302,3 +302,15 @@ class ClassicRWKV(AbstractRWKV):
 def create_backend(model_path: str | os.PathLike[str], strategy: str, settings: object = None) -> ClassicRWKV:
     """The registry's factory for `cpu ...` / `cuda ...` strategies (settings are not needed)."""
     return ClassicRWKV(model_path, strategy)
+
+
+def check_load(model_path: str, strategy: str) -> None:
+    """The registry's preflight: the strategy and the checkpoint's format, before anything unloads."""
+    from runner.backends import LoadRefused
+    from runner.model_files import check_rwkv7_checkpoint
+
+    try:
+        normalize_strategy(strategy)
+    except ValueError as exc:
+        raise LoadRefused(str(exc), "strategy") from exc
+    check_rwkv7_checkpoint(model_path)

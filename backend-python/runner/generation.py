@@ -141,8 +141,10 @@ class GenerationDriver:
         profile: RouteProfile,
         metrics: ServerMetrics,
         ticket: Ticket | None = None,
+        transform: Callable[[int, GenerationEvent], GenerationEvent] | None = None,
     ) -> None:
         self.request = request
+        self._transform = transform  # a route's rewrite of each event (e.g. runner.stop_echo)
         self.profile = profile
         self.metrics = metrics
         run = _at_once if backend.concurrent and len(jobs) > 1 else _in_turn
@@ -157,6 +159,7 @@ class GenerationDriver:
         self._record = request_record(request)  # the request's log line (runner.request_log)
         self._ticket = ticket or Ticket(None, 0)  # its place in runner.admission's count
         self._ticket.release_with(self)
+        self._closed = False
 
     async def prime(self) -> None:
         self._pending = await self._next()
@@ -185,7 +188,7 @@ class GenerationDriver:
             return None
         now = time.perf_counter()
         if self.profile.enabled:
-            self.profile.engine_wait_ms += (now - waited_from) * 1000.0
+            self.profile.completion_wait_ms += (now - waited_from) * 1000.0
             self.profile.tokens += len(event.token_ids)
         record = self._record
         if event.token_ids:
@@ -203,6 +206,8 @@ class GenerationDriver:
                 record.prompt_tokens += event.prompt_tokens
                 record.completion_tokens += event.completion_tokens
                 record.finish_reasons.append(event.finish_reason)
+        if self._transform is not None:
+            event = self._transform(index, event)
         return index, event
 
     async def _first_event(self) -> ChoiceEvent:
@@ -237,6 +242,9 @@ class GenerationDriver:
         return gone
 
     async def aclose(self) -> None:
+        if self.profile.enabled and not self._closed:
+            self.profile.request_wall_ms += (time.perf_counter() - self._started) * 1000.0
+        self._closed = True
         await close_quietly(self._events)
         self._ticket.release()
 
@@ -306,11 +314,11 @@ async def stream_events(driver: GenerationDriver, formatter: StreamFormatter) ->
             if chunk is not None:
                 if profiling:
                     sent_from = time.perf_counter()
-                    profile.serialize_ms += (sent_from - built_from) * 1000.0
+                    profile.json_dump_ms += (sent_from - built_from) * 1000.0
                     profile.stream_chunks += 1
                     profile.bytes += len(chunk)
                     yield chunk
-                    profile.resume_ms += (time.perf_counter() - sent_from) * 1000.0
+                    profile.yield_resume_ms += (time.perf_counter() - sent_from) * 1000.0
                 else:
                     yield chunk
             if await driver.client_gone(len(event.token_ids)):

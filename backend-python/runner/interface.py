@@ -10,7 +10,10 @@ import abc
 import math
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from typing import Literal, Protocol
+from typing import TYPE_CHECKING, Literal, Protocol
+
+if TYPE_CHECKING:
+    from runner.state_file import InitialState
 
 FinishReason = Literal["stop", "length", "abort", "error"]
 
@@ -32,6 +35,7 @@ class SamplingDefaults:
     presence_penalty: float = 0.0
     frequency_penalty: float = 1.0
     penalty_decay: float = 0.996
+    global_penalty: bool = False  # the prompt's tokens count in the penalties (RWKV-Runner)
 
 
 _DEFAULTS = SamplingDefaults()
@@ -104,6 +108,9 @@ class GenerationRequest:
     request_id: str = ""
     state: StateRef | None = None
     constraint: OutputConstraint | None = None
+    # Ids counted in the penalties as if already generated, in order, before the first sample
+    # (RWKV-Runner's `global_penalty`: the prompt's tokens).
+    penalized_prompt_ids: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if not self.prompt_tokens and (self.state is None or self.state.load_key is None):
@@ -177,8 +184,11 @@ class AbstractRWKV(abc.ABC):
     def async_generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         """Asynchronous generation. Closing the iterator early (client gone) aborts the request."""
 
-    def get_embedding(self, text: str) -> list[float]:
-        raise NotImplementedError(f"the {self.backend_name} backend does not support embeddings")
+    def set_initial_state(self, state: InitialState | None) -> None:
+        """Start every generation that has no other state (no session, no cached prefix) from
+        `state` (a state-tuned file) instead of zeros; None goes back to zeros. Raises BackendError
+        400 when the state does not fit the model (`InitialState.check_fits`)."""
+        raise BackendError(400, f"the {self.backend_name} backend does not support state files")
 
     def generation_slots(self) -> int:
         """How many generations run at once (the others queue): the unit of the runner's

@@ -56,14 +56,19 @@ def build_jobs(
     state: StateRef | None = None,
     n: int = 1,
     constraint: OutputConstraint | None = None,
+    penalized: Sequence[list[int]] | None = None,
 ) -> list[ChoiceJob]:
     """Choice `p * n + j` is sample j of prompt p; sample j uses seed + j, so a seeded request
-    returns the same choices whatever else runs. Each job gets its own copy of `state`."""
+    returns the same choices whatever else runs. Each job gets its own copy of `state`.
+    `penalized[p]`: prompt p's ids that count in the penalties from the start (global_penalty)."""
     jobs: list[ChoiceJob] = []
     for p, tokens in enumerate(prompts):
         for j in range(n):
             seeded = sampling if sampling.seed is None or j == 0 else dataclasses.replace(sampling, seed=sampling.seed + j)
             index = p * n + j
             row_state = None if state is None else dataclasses.replace(state)
-            jobs.append(ChoiceJob(index, GenerationRequest(list(tokens), seeded, f"{request_id}-{index}", row_state, constraint)))
+            request = GenerationRequest(list(tokens), seeded, f"{request_id}-{index}", row_state, constraint)
+            if penalized is not None:
+                request.penalized_prompt_ids = list(penalized[p])
+            jobs.append(ChoiceJob(index, request))
     return jobs

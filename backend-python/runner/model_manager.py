@@ -1,8 +1,9 @@
 """Holds the loaded backend and switches it: one load at a time, in a worker thread.
 
-Status follows the runner: 0 offline, 2 loading, 3 working. A switch shuts the old backend down
-(threads stopped, device memory released) before the new one loads, because two large models
-rarely fit side by side.
+Status follows the runner: 0 offline, 2 loading, 3 working. A switch checks what it can first
+(strategy, path, file format) and then shuts the old backend down (threads stopped, device memory
+released) before the new one loads, because two large models rarely fit side by side. It also
+keeps the Runner's state-file setting (`/update-config` `state`) and applies it to each model.
 """
 
 from __future__ import annotations
@@ -16,11 +17,22 @@ from enum import IntEnum
 from pathlib import Path
 from typing import Any
 
-from runner.backends import BACKENDS, BackendEntry, BackendLoadError, UnknownStrategy, find_backend, load_factory
+from runner.backends import (
+    BACKENDS,
+    BackendEntry,
+    BackendLoadError,
+    LoadRefused,
+    UnknownStrategy,
+    find_backend,
+    load_factory,
+    preflight,
+)
 from runner import heap
 from runner.errors import ApiError, ClientGone
-from runner.interface import AbstractRWKV, SamplingDefaults
+from runner.interface import AbstractRWKV, BackendError, SamplingDefaults
+from runner.model_files import find_file
 from runner.settings import ServerSettings
+from runner.state_file import InitialState, load_state_file
 
 RANDOM_MODEL_PREFIX = "random:"
 TURN_DISCONNECT_POLL_S = 0.25  # how often a request waiting for the completion lock checks its client
@@ -50,53 +62,67 @@ class ModelManager:
         self.model_path: str | None = None
         self.completion_lock = asyncio.Lock()  # serialises requests of non-concurrent backends
         self._config_overrides: dict[str, Any] = {}
+        self.initial_state: InitialState | None = None  # /update-config `state`, kept across switches
+        self._switching = False
 
     # ---- loading -------------------------------------------------------------------------------
 
     def resolve_model_path(self, model: str) -> Path:
-        """Absolute, or relative to --models-dir; `.pth` may be left off."""
+        """Absolute, or relative to the working directory, then to --models-dir; `.pth` optional."""
         if model.lower().endswith(UNSUPPORTED_MODEL_SUFFIXES):
             raise ApiError(400, f"{Path(model).suffix} models are not supported; load an RWKV-7 .pth checkpoint", "model")
-        path = Path(model).expanduser()
-        if not path.is_absolute():
-            path = self.settings.models_dir / path
-        candidates = [path] if path.suffix == ".pth" else [path, path.with_name(path.name + ".pth")]
-        for candidate in candidates:
-            if candidate.is_file():
-                return candidate.resolve()
-        raise ApiError(404, f"model file not found: {candidates[-1]}", "model")
+        return find_file(model, self.settings.models_dir, "model file", "model")
 
     async def switch(self, model: str, strategy: str) -> None:
-        """Load `model` with `strategy` (an empty model unloads). Raises SwitchInProgress, ApiError."""
-        if self.status is ModelStatus.LOADING:
+        """Load `model` with `strategy` (an empty model unloads). Raises SwitchInProgress, ApiError.
+
+        Everything that can be checked without loading (the strategy, the path, the file's format)
+        is checked while the old model still serves: a refused switch changes nothing. Only then is
+        the old model shut down (two large models rarely fit side by side) and the new one loaded."""
+        if self._switching or self.status is ModelStatus.LOADING:
             raise SwitchInProgress()
         if not model:
             await self.unload()
             return
+        self._switching = True  # before the first await: a concurrent switch sees it
+        try:
+            entry, path = await self._checked_target(model, strategy)
+            self.status = ModelStatus.LOADING
+            previous = f" (replacing {self.model_path} with {self.strategy!r})" if self.model_path else ""
+            log.info("loading %s with %r%s", path, strategy, previous)
+            try:
+                backend = await asyncio.to_thread(self._replace_backend, entry, path, strategy)
+            except asyncio.CancelledError:
+                self._forget_backend()
+                raise
+            except Exception as exc:
+                self._forget_backend()
+                reason = str(exc) or type(exc).__name__
+                log.exception("failed to load %s with %r", path, strategy)
+                raise ApiError(500, f"failed to load: {reason} (the previous model was unloaded first; no model is loaded now)") from exc
+        finally:
+            self._switching = False
+        self.backend, self.backend_entry = backend, entry
+        self.strategy, self.model_path = strategy, path
+        self.status = ModelStatus.WORKING
+        log.info("loaded %s with %r (%s backend)", path, strategy, entry.name)
+        self._apply_initial_state_after_load(backend)
+
+    async def _checked_target(self, model: str, strategy: str) -> tuple[BackendEntry, str]:
         try:
             entry = find_backend(strategy, self.registry)
         except UnknownStrategy as exc:
             raise ApiError(400, str(exc), "strategy") from exc
         # `random:<shape>` asks a backend for random weights of a real shape (benchmarks); only
-        # backends that know the spec accept it, the others fail the load with their reason.
-        path = model if model.startswith(RANDOM_MODEL_PREFIX) else self.resolve_model_path(model)
-        self.status = ModelStatus.LOADING  # set before the first await: a concurrent switch sees it
-        previous = f" (replacing {self.model_path} with {self.strategy!r})" if self.model_path else ""
-        log.info("loading %s with %r%s", path, strategy, previous)
+        # backends that know the spec accept it, the others refuse it in their preflight.
+        path = model if model.startswith(RANDOM_MODEL_PREFIX) else str(self.resolve_model_path(model))
         try:
-            backend = await asyncio.to_thread(self._replace_backend, entry, str(path), strategy)
-        except asyncio.CancelledError:
-            self._forget_backend()
-            raise
-        except Exception as exc:
-            self._forget_backend()
-            reason = str(exc) or type(exc).__name__
-            log.exception("failed to load %s with %r", path, strategy)
-            raise ApiError(500, f"failed to load: {reason}") from exc
-        self.backend, self.backend_entry = backend, entry
-        self.strategy, self.model_path = strategy, str(path)
-        self.status = ModelStatus.WORKING
-        log.info("loaded %s with %r (%s backend)", path, strategy, entry.name)
+            await asyncio.to_thread(preflight, entry, path, strategy)
+        except LoadRefused as exc:
+            raise ApiError(400, exc.message, exc.param) from exc
+        except BackendLoadError as exc:
+            raise ApiError(500, f"failed to load: {exc}") from exc
+        return entry, path
 
     def _replace_backend(self, entry: BackendEntry, path: str, strategy: str) -> AbstractRWKV:
         """Runs in a worker thread: shut the old backend down, then build the new one."""
@@ -191,6 +217,42 @@ class ModelManager:
         backend = backend or self.backend
         base = backend.defaults if backend is not None else SamplingDefaults()
         return dataclasses.replace(base, **self._config_overrides)
+
+    # ---- the state file (RWKV-Runner's `state` setting) ------------------------------------------
+
+    async def set_state_file(self, name: str) -> None:
+        """`""` clears it. Otherwise the file is found (cwd, then --models-dir), loaded and checked
+        (400 when it is no state file), and applied to the loaded model (400 when it does not fit
+        it); on any refusal the previous setting stays. Without a loaded model it waits for the
+        next one (the GUI sends it while its model is still loading)."""
+        if not name:
+            self.initial_state = None
+            if self.backend is not None:
+                self.backend.set_initial_state(None)
+            log.info("state file cleared")
+            return
+        path = find_file(name, self.settings.models_dir, "state file", "state")
+        try:
+            state = await asyncio.to_thread(load_state_file, path)
+        except LoadRefused as exc:
+            raise ApiError(400, exc.message, exc.param) from exc
+        backend = self.backend
+        if backend is not None and self.status is ModelStatus.WORKING:
+            try:
+                backend.set_initial_state(state)
+            except BackendError as exc:
+                raise ApiError(exc.status_code, exc.message, "state") from exc
+        self.initial_state = state
+        log.info("state file %s set (%s)", path, "applied" if backend is not None else "applied at the next load")
+
+    def _apply_initial_state_after_load(self, backend: AbstractRWKV) -> None:
+        if self.initial_state is None:
+            return
+        try:
+            backend.set_initial_state(self.initial_state)
+        except BackendError as exc:
+            log.warning("the state file %s is not applied to %s: %s", self.initial_state.path, backend.name, exc.message)
+            self.initial_state = None
 
     async def shutdown(self) -> None:
         if self.backend is not None:

@@ -1,4 +1,5 @@
-"""Route-level counters behind `GET /albatross/profile` (collected when ALBATROSS_PROFILE=1)."""
+"""Route-level counters behind `GET /albatross/profile` (collected when ALBATROSS_PROFILE=1), under
+RWKV-Runner's field names."""
 
 from __future__ import annotations
 
@@ -19,10 +20,11 @@ class RouteProfile:
     tokens: int = 0
     stream_chunks: int = 0
     bytes: int = 0
-    engine_wait_ms: float = 0.0  # awaiting the backend's next event
+    completion_wait_ms: float = 0.0  # awaiting the backend's next event
     disconnect_check_ms: float = 0.0  # await request.is_disconnected()
-    serialize_ms: float = 0.0  # building and encoding chunks
-    resume_ms: float = 0.0  # from yielding a chunk until the stream generator runs again (the send)
+    json_dump_ms: float = 0.0  # building and encoding chunks
+    yield_resume_ms: float = 0.0  # from yielding a chunk until the stream generator runs again (the send)
+    request_wall_ms: float = 0.0  # from a request's first backend call to its end, summed over requests
 
     def snapshot(self) -> dict[str, object]:
         data = asdict(self)

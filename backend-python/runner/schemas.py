@@ -62,6 +62,8 @@ class ChatMessage(BaseModel):
     name: str | None = None
     tool_calls: list[dict[str, Any]] | None = None  # an assistant turn's calls (OpenAI shape)
     tool_call_id: str | None = None  # a tool turn's answer to that call
+    raw: bool = False  # RWKV-Runner: its pre-RWKV-5 template only; no effect here
+    prefix: bool = False  # RWKV-Runner / DeepSeek: a last assistant message the model continues
 
 
 class FunctionDefinition(BaseModel):
@@ -114,6 +116,7 @@ class _SamplingKnobs(_Body):
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
     penalty_decay: float | None = Field(None, ge=0, le=1, allow_inf_nan=False)
+    global_penalty: bool | None = None  # RWKV-Runner: the prompt's tokens count in the penalties
 
     def sampling_values(self) -> dict[str, Any]:
         """The knobs that were given."""
@@ -132,10 +135,18 @@ class SamplingFields(_SamplingKnobs):
     stop: str | list[str] | None = Field(None)
     stop_token_ids: list[TokenId] | None = None
     seed: Seed | None = None
-    n: int = Field(1, ge=1)
+    n: int | None = Field(None, ge=1)  # None (or null): one choice
     user: str | None = None
     logit_bias: dict[str, float] | None = None  # token id (as a string) -> bias in [-100, 100]
     response_format: ResponseFormat | None = None
+    max_completion_tokens: int | None = Field(None, ge=0)
+    # vLLM's (conRWKV's) extensions
+    ignore_eos: bool = False  # keep generating past the end-of-text token
+    include_stop_str_in_output: bool = False  # the matched stop string stays in the text
+
+    @property
+    def choices_per_prompt(self) -> int:
+        return 1 if self.n is None else self.n
 
     @field_validator("logit_bias")
     @classmethod
@@ -172,7 +183,12 @@ class SamplingFields(_SamplingKnobs):
 
 class ChatCompletionRequest(SamplingFields):
     messages: list[ChatMessage] = Field(min_length=1)
-    max_completion_tokens: int | None = Field(None, ge=0)
+    # RWKV-Runner's chat fields (runner.prompts)
+    user_name: str | None = Field(None, min_length=1)
+    assistant_name: str | None = Field(None, min_length=1)
+    system_name: str | None = Field(None, min_length=1)
+    presystem: bool = False
+    add_generation_prompt: bool = True  # vLLM: end the prompt with the assistant's turn header
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
     tools: list[ToolDefinition] | None = None
@@ -210,7 +226,7 @@ class CompletionRequest(SamplingFields):
             return "echo"
         if self.suffix:
             return "suffix"
-        if self.best_of is not None and self.best_of != self.n:
+        if self.best_of is not None and self.best_of != self.choices_per_prompt:
             return "best_of"
         return super().unsupported_field()
 
@@ -224,14 +240,13 @@ class SwitchModelRequest(_Body):
 
 
 class UpdateConfigRequest(_SamplingKnobs):
-    global_penalty: bool | None = None
-    state: str | None = None
+    state: str | None = None  # a state-tuned file; "" clears it
 
 
 class EmbeddingsRequest(_Body):
-    input: str | list[str]
+    input: str | list[str] | list[list[int]]
     model: str | None = None
-    encoding_format: Literal["float"] = "float"
+    encoding_format: Literal["float", "base64"] | None = None
     dimensions: int | None = None
     user: str | None = None
 

@@ -108,7 +108,7 @@ class ServerSettings:
     strategy: str | None = None  # None: the registry's default (backends.default_strategy())
     models_dir: Path = Path("models")
     deploy: bool = False  # refuses /switch-model and /exit (a fixed model for a public deployment)
-    max_tokens: int = 16384  # above the native routes' default of 8192
+    max_tokens: int = 102400  # RWKV-Runner's own cap (its GUI's slider goes this far)
     max_prompt_tokens: int = 131072
     max_batch_items: int = 4096
     max_body_bytes: int = 4 * MIB
@@ -174,7 +174,7 @@ _FLAGS: tuple[_Flag, ...] = (
     ),
     _Flag("state_lock_lease", "seconds a session lock in Redis outlives a replica that died holding it", _positive_seconds),
     _Flag("drain_timeout", "seconds running requests get to finish after SIGTERM before they end with an error", _positive_seconds),
-    _Flag("cors_origins", "comma-separated origins allowed by CORS ('*' for any)"),
+    _Flag("cors_origins", "comma-separated web origins allowed besides the desktop shell's and localhost's ('*' for any)"),
     _Flag("log_level", "uvicorn log level"),
     _Flag("request_read_timeout", "seconds a client may take to send a request's headers, and its body (0: no limit)", _non_negative_float),
     _Flag("max_queued_requests", "generations that may wait for a slot; beyond them a request gets 429", _non_negative_int),

@@ -56,7 +56,7 @@ def test_text_completion_stream_and_not(client: openai.OpenAI) -> None:
 
 
 def test_models_list(client: openai.OpenAI) -> None:
-    assert [m.id for m in client.models.list()] == ["rwkv7-tiny"]
+    assert [m.id for m in client.models.list()] == ["rwkv7-tiny", "gpt-3.5-turbo", "text-davinci-003"]
 
 
 def test_a_wrong_key_is_refused_only_when_a_password_is_set(server: tuple[str, str | None]) -> None:

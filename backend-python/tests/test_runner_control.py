@@ -94,21 +94,34 @@ def test_exit_shuts_the_backend_down_and_asks_the_server_to_stop(app: FastAPI, c
     assert client.get("/status").json()["status"] == 0
 
 
-def test_update_config_refuses_what_it_cannot_apply(client: TestClient) -> None:
-    assert client.post("/update-config", json={"global_penalty": True}).json()["error"]["param"] == "global_penalty"
-    assert client.post("/update-config", json={"state": "some.state"}).json()["error"]["param"] == "state"
-    assert client.post("/update-config", json={"global_penalty": False, "top_k": 3}).json() == "success"
+def test_update_config_refuses_a_state_file_it_cannot_find_naming_every_place_looked(client: TestClient, models_dir: Path) -> None:
+    refused = client.post("/update-config", json={"state": "state-models/absent.pth"})
+    error = refused.json()["error"]
+    assert refused.status_code == 404 and error["param"] == "state"
+    assert str(Path.cwd() / "state-models" / "absent.pth") in error["message"]
+    assert str(models_dir / "state-models" / "absent.pth") in error["message"]
+    assert client.post("/update-config", json={"global_penalty": True, "top_k": 3, "state": ""}).json() == "success"
 
 
-def test_model_lists_show_the_loaded_checkpoint_stem(app: FastAPI, client: TestClient) -> None:
-    assert client.get("/v1/models").json() == {"object": "list", "data": []}
+def test_model_lists_show_the_loaded_checkpoint_stem_then_the_runners_openai_names(app: FastAPI, client: TestClient) -> None:
+    offline = client.get("/v1/models").json()
+    assert [m["id"] for m in offline["data"]] == ["rwkv", "gpt-3.5-turbo", "text-davinci-003"]
     client.post("/switch-model", json={"model": "alpha", "strategy": "fake"})
     for path in ("/v1/models", "/models", "/openai/v1/models"):
         listing = client.get(path).json()
-        assert [(m["id"], m["object"]) for m in listing["data"]] == [("alpha", "model")], path
+        assert [(m["id"], m["object"]) for m in listing["data"]] == [("alpha", "model"), ("gpt-3.5-turbo", "model"), ("text-davinci-003", "model")], path
+        assert listing["data"][0] == {"id": "alpha", "object": "model", "created": listing["data"][0]["created"], "owned_by": "rwkv", "root": "alpha", "parent": None}
         assert isinstance(listing["data"][0]["created"], int)
     assert client.get("/v1/models/alpha").json()["id"] == "alpha"
-    assert client.get("/v1/models/other").status_code == 404
+    assert client.get("/models/rwkv-7-world").json()["id"] == "alpha", "the Runner answers any id naming rwkv with the loaded model"
+    assert client.get("/v1/models/gpt-3.5-turbo").json()["owned_by"] == "openai"
+    missing = client.get("/v1/models/other")
+    assert missing.status_code == 404 and missing.json()["error"]["message"] == "The model 'other' does not exist"
+
+
+def test_credit_grants_answer_the_runners_fixed_grant(client: TestClient) -> None:
+    grants = client.get("/dashboard/billing/credit_grants").json()
+    assert (grants["object"], grants["total_available"], grants["grants"]["data"][0]["object"]) == ("credit_summary", 10000, "credit_grant")
 
 
 def test_local_models_lists_checkpoints_under_the_models_dir(client: TestClient) -> None:
@@ -121,24 +134,26 @@ def test_local_models_lists_checkpoints_under_the_models_dir(client: TestClient)
         assert client.post("/switch-model", json={"model": entry["path"], "strategy": "fake"}).status_code == 200
 
 
-def test_embeddings_report_a_backend_that_has_none_as_400(app: FastAPI, client: TestClient) -> None:
-    install_backend(app, ScriptedBackend())
-    for path in ("/v1/embeddings", "/embeddings", "/openai/v1/embeddings"):
-        response = client.post(path, json={"input": "hello"})
-        assert response.status_code == 400 and "does not support embeddings" in response.json()["error"]["message"]
+@pytest.mark.parametrize("loaded", [False, True])
+def test_embeddings_are_one_clear_400_on_every_route_with_or_without_a_model(app: FastAPI, client: TestClient, loaded: bool) -> None:
+    if loaded:
+        install_backend(app, ScriptedBackend())
+    paths = ("/v1/embeddings", "/embeddings", "/openai/v1/embeddings", "/v1/engines/text-embedding-ada-002/embeddings")
+    # The OpenAI Node SDK asks for base64 by default; the Runner's GUI and Python SDK for floats.
+    for body in ({"input": "hello", "model": "rwkv", "encoding_format": "base64"}, {"input": ["a", "b"]}, {"input": [[1, 2]]}):
+        for path in paths:
+            response = client.post(path, json=body)
+            assert response.status_code == 400, (path, body)
+            assert response.json()["error"]["message"].startswith("embeddings are not supported: RWKV-7")
+    assert client.post("/v1/embeddings", json={"input": 3}).status_code == 422, "an invalid body is still named"
 
 
-def test_embeddings_return_the_backend_vectors(app: FastAPI, client: TestClient) -> None:
-    backend = ScriptedBackend()
-    backend.get_embedding = lambda text: [float(len(text)), 0.5]  # type: ignore[method-assign]
-    install_backend(app, backend)
-    reply = client.post("/v1/embeddings", json={"input": ["ab", "abcd"]}).json()
-    assert [d["embedding"] for d in reply["data"]] == [[2.0, 0.5], [4.0, 0.5]]
-    assert reply["usage"] == {"prompt_tokens": 6, "total_tokens": 6}
-
-
-def test_profile_is_disabled_without_the_env_flag(client: TestClient) -> None:
-    assert client.get("/albatross/profile").json() == {"enabled": False}
+def test_profile_answers_the_runners_fields_even_when_disabled(client: TestClient) -> None:
+    profile = client.get("/albatross/profile").json()
+    runner_fields = ("requests", "stream_requests", "tokens", "stream_chunks", "bytes", "completion_wait_ms",
+                     "disconnect_check_ms", "json_dump_ms", "yield_resume_ms", "request_wall_ms")
+    assert set(runner_fields) <= set(profile) and profile["enabled"] is False
+    assert all(profile[name] == 0 for name in runner_fields)
 
 
 def test_profile_counts_requests_tokens_and_chunks_and_resets(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -150,11 +165,11 @@ def test_profile_counts_requests_tokens_and_chunks_and_resets(monkeypatch: pytes
         assert profile["enabled"] is True
         assert (profile["requests"], profile["stream_requests"], profile["tokens"]) == (2, 1, 6)
         assert profile["stream_chunks"] == 4 and profile["bytes"] > 0  # 3 deltas + the finish chunk
-        assert profile["engine_wait_ms"] >= 0.0
+        assert profile["completion_wait_ms"] >= 0.0 and profile["request_wall_ms"] > 0.0
         assert client.get("/albatross/profile", params={"reset": "true"}).json()["requests"] == 2
         assert client.get("/albatross/profile").json()["requests"] == 0
         client.post("/v1/completions", json={"prompt": "x"})
-        assert client.post("/albatross/profile/reset").json() == {"enabled": True, "reset": True}
+        assert client.post("/albatross/profile/reset").json() == {"success": True}
         assert client.get("/albatross/profile").json()["requests"] == 0
 
 

@@ -65,7 +65,8 @@ def test_chat_uses_runner_defaults_and_default_stops_when_fields_are_left_out(cl
     sampling = backend.requests[-1].sampling
     assert (sampling.max_tokens, sampling.temperature, sampling.top_p, sampling.top_k) == (500, 1.0, 0.3, 0)
     assert (sampling.presence_penalty, sampling.frequency_penalty, sampling.penalty_decay) == (0.0, 1.0, 0.996)
-    assert sampling.stop == DEFAULT_CHAT_STOPS
+    # The scripted tokenizer has one token per byte: the names' first tokens are "U" and "A".
+    assert sampling.stop == (*DEFAULT_CHAT_STOPS, "\n\nU")
     assert sampling.stop_token_ids == (0,)
 
 
@@ -75,7 +76,7 @@ def test_body_fields_override_update_config_which_overrides_backend_defaults(cli
     chat(client, temperature=0.25, stop="END", stop_token_ids=[5, 6], max_completion_tokens=3, seed=11)
     sampling = backend.requests[-1].sampling
     assert (sampling.temperature, sampling.top_p, sampling.top_k) == (0.25, 0.9, 7)
-    assert sampling.stop == ("END",) and sampling.stop_token_ids == (5, 6)
+    assert sampling.stop == ("END", "\n\nU", "\n\nA") and sampling.stop_token_ids == (5, 6)
     assert (sampling.max_tokens, sampling.seed) == (3, 11)
 
 

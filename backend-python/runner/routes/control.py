@@ -8,7 +8,7 @@ import os
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
-from runner.backends import ALBATROSS_STRATEGY_WORDS, default_strategy, first_word
+from runner.backends import default_strategy
 from runner.context import AppContext, context
 from runner.errors import ApiError
 from runner.model_manager import SwitchInProgress
@@ -18,17 +18,33 @@ log = logging.getLogger("runner.routes.control")
 router = APIRouter()
 
 
-def device_name(ctx: AppContext, effective: dict[str, object]) -> str:
+def device_name(effective: dict[str, object]) -> str:
+    """The device the loaded backend reports it runs on (its `device_name`, else its `device`:
+    `cpu`, `cuda`, `cuda:1`, or a list of them), never a guess from the strategy string."""
     reported = effective.get("device_name")
     if isinstance(reported, str) and reported:
         return reported
-    strategy = ctx.manager.strategy or ""
-    if first_word(strategy) in ("cuda", *ALBATROSS_STRATEGY_WORDS) and "cpu" not in strategy.split()[1:2]:
-        import torch  # lazy: /status must stay fast to import and cheap without a GPU
+    devices = [d.strip() for d in str(effective.get("device") or "cpu").split(",") if d.strip()]
+    names: list[str] = []
+    for device in devices:
+        names.append(_cuda_device_name(device) if device.startswith("cuda") else "CPU")
+    return ", ".join(dict.fromkeys(names)) or "CPU"
 
-        if torch.cuda.is_available():
-            return torch.cuda.get_device_name(0)
-    return "CPU"
+
+def _cuda_device_name(device: str) -> str:
+    import torch  # lazy: /status must stay fast to import and cheap without a GPU
+
+    if not torch.cuda.is_available():
+        return device
+    index = int(device.partition(":")[2] or 0)
+    return torch.cuda.get_device_name(index)
+
+
+def gpu_available() -> bool:
+    """Whether this server can run the CUDA strategies at all (the web GUI's device choice)."""
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def refuse_in_deploy_mode(ctx: AppContext, what: str) -> None:
@@ -50,12 +66,14 @@ async def status(request: Request) -> dict[str, object]:
     return {
         "status": int(manager.status),
         "pid": os.getpid(),
-        "device_name": device_name(ctx, effective),
+        "device_name": device_name(effective),
+        "gpu_available": gpu_available(),
         "backend": backend.backend_name if backend is not None else None,
         "strategy": manager.strategy,
         "model": backend.name if backend is not None else None,
         "model_path": manager.model_path,
         "deploy": ctx.deploy_mode,
+        "state": manager.initial_state.path if manager.initial_state is not None else None,
         "effective": effective,
     }
 
@@ -82,14 +100,12 @@ async def switch_model(request: Request) -> Response:
 async def update_config(request: Request) -> JSONResponse:
     ctx = context(request)
     body = await parse_body(request, UpdateConfigRequest)
-    if body.global_penalty:
-        raise ApiError(400, "global_penalty is not supported: penalties count generated tokens only", "global_penalty")
-    if body.state:
-        raise ApiError(400, "loading a state file through /update-config is not supported; use the state-session routes", "state")
     try:
         ctx.manager.update_config(body.sampling_values())
     except ValueError as exc:
         raise ApiError(422, str(exc)) from exc
+    if body.state is not None:  # after the values, as the Runner: a refused state file keeps them
+        await ctx.manager.set_state_file(body.state)
     return JSONResponse("success")
 
 

@@ -131,6 +131,7 @@ OPENAI_NATIVE_DEFAULTS: dict[str, Any] = {
     "presence_penalty": 1.0,
     "frequency_penalty": 0.1,
     "penalty_decay": 0.996,
+    "global_penalty": False,  # a Runner setting; rwkv_lightning's route never penalises the prompt
 }
 OPENAI_NATIVE_STOPS: tuple[str, ...] = ("\nUser:",)
 THINK_OPEN = "Assistant: <think"

@@ -1,4 +1,4 @@
-"""Route-level profile counters (ALBATROSS_PROFILE=1)."""
+"""Route-level profile counters (ALBATROSS_PROFILE=1), answered as RWKV-Runner answers them."""
 
 from __future__ import annotations
 
@@ -11,9 +11,8 @@ router = APIRouter()
 
 @router.get("/albatross/profile")
 async def read_profile(request: Request, reset: bool = False) -> dict[str, object]:
+    """RWKV-Runner's counters (zeros unless ALBATROSS_PROFILE=1), plus `enabled`."""
     profile = context(request).profile
-    if not profile.enabled:
-        return {"enabled": False}
     snapshot = profile.snapshot()
     if reset:
         profile.reset()
@@ -22,6 +21,5 @@ async def read_profile(request: Request, reset: bool = False) -> dict[str, objec
 
 @router.post("/albatross/profile/reset")
 async def reset_profile(request: Request) -> dict[str, object]:
-    profile = context(request).profile
-    profile.reset()
-    return {"enabled": profile.enabled, "reset": True}
+    context(request).profile.reset()
+    return {"success": True}
