@@ -12,6 +12,7 @@ export interface ServerStatus {
   status: ModelStatus;
   pid?: number;
   device_name?: string;
+  gpu_available?: boolean;
   backend?: string | null;
   strategy?: string | null;
   model?: string | null;

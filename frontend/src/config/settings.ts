@@ -2,7 +2,7 @@
 
 import type { Sampling } from "../api/streams";
 import type { KeyValueStore } from "../api/client";
-import { BATCH_RANGE, DEVICES, WORKERS_RANGE, type Device } from "./strategy";
+import { BATCH_RANGE, DEVICES, suggestedDevice, WORKERS_RANGE, type Device } from "./strategy";
 import { LANGUAGES, type Language } from "../i18n/strings";
 
 export const SETTINGS_KEY = "rwkv-webui.settings.v1";
@@ -11,6 +11,7 @@ export interface Settings {
   language: Language;
   modelPath: string;
   device: Device;
+  deviceChosen: boolean; // false: `device` follows the server (suggestedDevice) until the person picks one
   workers: number;
   batch: number;
   serverDefaults: Sampling;
@@ -35,7 +36,8 @@ export function defaultSettings(browserLanguage: string): Settings {
   return {
     language: languageFor(browserLanguage),
     modelPath: "",
-    device: "albatross",
+    device: suggestedDevice(undefined),
+    deviceChosen: false,
     workers: WORKERS_RANGE.default,
     batch: BATCH_RANGE.default,
     serverDefaults: { ...RUNNER_SAMPLING },
@@ -67,6 +69,7 @@ export function loadSettings(store: KeyValueStore, browserLanguage: string): Set
     language: oneOf(stored.language, LANGUAGES, defaults.language),
     modelPath: typeof stored.modelPath === "string" ? stored.modelPath : defaults.modelPath,
     device: oneOf(stored.device, DEVICES, defaults.device),
+    deviceChosen: typeof stored.deviceChosen === "boolean" ? stored.deviceChosen : defaults.deviceChosen,
     workers: integerIn(stored.workers, WORKERS_RANGE, defaults.workers),
     batch: integerIn(stored.batch, BATCH_RANGE, defaults.batch),
     serverDefaults: samplingFrom(stored.serverDefaults, defaults.serverDefaults),

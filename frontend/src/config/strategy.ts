@@ -35,6 +35,15 @@ export function buildStrategy(input: StrategyInput): StrategyResult {
   }
 }
 
+/**
+ * The device to preselect until the person picks one: "CUDA High Performance" needs an NVIDIA
+ * GPU, so on a server that reports none (`gpu_available: false` in /status) the CPU is
+ * preselected; the CUDA devices stay on offer. Unknown (no status yet): Albatross.
+ */
+export function suggestedDevice(gpuAvailable: boolean | undefined): Device {
+  return gpuAvailable === false ? "cpu" : "albatross";
+}
+
 /** Whether the device's strategy can be tuned with workers and batch. */
 export function usesWorkersAndBatch(device: Device): boolean {
   return device === "albatross";

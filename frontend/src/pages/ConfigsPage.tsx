@@ -22,6 +22,7 @@ import {
   buildStrategy,
   DEVICES,
   parseWholeNumber,
+  suggestedDevice,
   usesWorkersAndBatch,
   WORKERS_RANGE,
   type Device,
@@ -68,6 +69,14 @@ export function ConfigsPage({
       update({ modelPath: models[0]!.path });
     }
   }, [models, settings.modelPath, update]);
+
+  // Until the person picks a device, preselect what this server can run (suggestedDevice).
+  const gpuAvailable = server.status?.gpu_available;
+  useEffect(() => {
+    if (settings.deviceChosen || gpuAvailable === undefined) return;
+    const suggested = suggestedDevice(gpuAvailable);
+    if (suggested !== settings.device) update({ device: suggested });
+  }, [gpuAvailable, settings.deviceChosen, settings.device, update]);
 
   const workers = parseWholeNumber(workersText);
   const batch = parseWholeNumber(batchText);
@@ -144,7 +153,7 @@ export function ConfigsPage({
           <Select
             data-testid="device-select"
             value={settings.device}
-            onChange={(_, data) => update({ device: data.value as Device })}
+            onChange={(_, data) => update({ device: data.value as Device, deviceChosen: true })}
           >
             {DEVICES.map((device) => (
               <option key={device} value={device}>
@@ -153,6 +162,7 @@ export function ConfigsPage({
             ))}
           </Select>
         </Field>
+        {gpuAvailable === false && settings.device !== "cpu" && <Text data-testid="no-gpu-hint">{t("configsNoGpu")}</Text>}
         {usesWorkersAndBatch(settings.device) && (
           <div style={{ display: "flex", gap: 12 }}>
             <WholeNumberField

@@ -37,6 +37,26 @@ async function cellCounts(page) {
 
 export const scenarios = [
   {
+    name: "without a GPU, CUDA High Performance is offered but the CPU is preselected until the person picks",
+    async run({ page, open, assert }) {
+      const status = await (await fetch(open.url + "/status", { signal: AbortSignal.timeout(10_000) })).json();
+      await page.goto(open.url);
+      const device = page.getByTestId("device-select");
+      const offered = await device.locator("option").evaluateAll((options) => options.map((option) => option.value));
+      assert.deepEqual(offered, ["cpu", "cuda", "albatross"], "every device stays on offer");
+      const expected = status.gpu_available ? "albatross" : "cpu";
+      await page.waitForFunction(
+        (value) => document.querySelector("[data-testid=device-select]")?.value === value,
+        expected,
+        { timeout: 10_000 },
+      );
+      await device.selectOption("albatross");
+      await page.waitForTimeout(500); // settings are written 300 ms after the last change
+      await page.reload();
+      assert.equal(await page.getByTestId("device-select").inputValue(), "albatross", "a choice the person made is kept");
+    },
+  },
+  {
     name: "CUDA High Performance shows workers, batch and the strategy line; other devices hide them",
     async run({ page, open, assert }) {
       await page.goto(open.url);

@@ -1,5 +1,13 @@
 import { describe, expect, it } from "vitest";
-import { buildStrategy, parseWholeNumber, usesWorkersAndBatch } from "../../src/config/strategy";
+import { buildStrategy, parseWholeNumber, suggestedDevice, usesWorkersAndBatch } from "../../src/config/strategy";
+
+describe("suggestedDevice", () => {
+  it("preselects the CPU on a server that reports no GPU, and CUDA High Performance otherwise", () => {
+    expect(suggestedDevice(false)).toBe("cpu");
+    expect(suggestedDevice(true)).toBe("albatross");
+    expect(suggestedDevice(undefined)).toBe("albatross");
+  });
+});
 
 describe("buildStrategy", () => {
   it("maps CPU to the classic backend's `cpu fp32`", () => {
