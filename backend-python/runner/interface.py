@@ -188,7 +188,8 @@ class AbstractRWKV(abc.ABC):
         """Start every generation that has no other state (no session, no cached prefix) from
         `state` (a state-tuned file) instead of zeros; None goes back to zeros. Raises BackendError
         400 when the state does not fit the model (`InitialState.check_fits`)."""
-        raise BackendError(400, f"the {self.backend_name} backend does not support state files")
+        if state is not None:
+            raise BackendError(400, f"the {self.backend_name} backend does not support state files")
 
     def generation_slots(self) -> int:
         """How many generations run at once (the others queue): the unit of the runner's
