@@ -28,6 +28,8 @@ from typing import Protocol
 
 import torch
 
+from albatross.ops import host_to_device
+
 MASK32 = 0xFFFFFFFF
 HASH_MULTIPLIER = 0x45D9F3B
 GOLDEN_STEP = 0x9E3779B9
@@ -200,6 +202,27 @@ class PenaltyPool:
         index = torch.as_tensor(slots, dtype=torch.int64, device=self.penalties.device)
         self.penalties[index] = 0.0
         self.seen[index] = False
+
+    def seed(self, slot: int, token_ids: Sequence[int], settings: SamplingSettings) -> None:
+        """Start a fresh (reset) slot as if it had produced `token_ids` in order: step 5 once per
+        id, in closed form. After n ids, id t holds `frequency * sum(decay**(n-1-i))` over its
+        positions i plus `presence * decay**(n-1-first)` for its first position (RWKV-Runner's
+        global_penalty counts a prompt this way). Built on the host in fp64, copied once."""
+        if not token_ids:
+            return
+        ids = torch.as_tensor(list(token_ids), dtype=torch.int64)
+        n = ids.numel()
+        weights = torch.pow(torch.tensor(float(settings.penalty_decay), dtype=torch.float64), torch.arange(n - 1, -1, -1, dtype=torch.float64))
+        row = torch.zeros(self.penalties.shape[1], dtype=torch.float64)
+        row.index_add_(0, ids, weights * float(settings.frequency_penalty))
+        used, inverse = torch.unique(ids, return_inverse=True)
+        first = torch.full((used.numel(),), n, dtype=torch.int64).scatter_reduce_(0, inverse, torch.arange(n), "amin")
+        row.index_add_(0, used, weights[first] * float(settings.presence_penalty))
+        seen = torch.zeros(self.seen.shape[1], dtype=torch.bool)
+        seen[used] = True
+        device = self.penalties.device
+        self.penalties[slot].copy_(host_to_device(row.to(torch.float32), device))
+        self.seen[slot].copy_(host_to_device(seen, device))
 
     def update(self, slots: torch.Tensor, token_ids: torch.Tensor, batch: SamplingBatch) -> None:
         """Step 5 of the definition for each (slot, sampled id); slots must be distinct."""

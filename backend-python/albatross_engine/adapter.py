@@ -29,6 +29,7 @@ from albatross.tokenizer import Tokenizer, get_tokenizer
 from albatross_engine import gc_policy
 from albatross_engine.config import AlbatrossBackendConfig, config_field_names, parse_albatross_strategy
 from albatross_engine.core import INIT_ERROR_PREFIX, EngineCore
+from albatross_engine.initial_state import EngineInitialState, NamespacedStateStore, namespace_for, slot_state_from_wkv
 from albatross_engine.state_store import PromptEndIndex, StateStore
 from albatross_engine.tasks import AsyncChannel, EngineTask, EventChannel, EventItem, SyncChannel, merge_events
 from albatross_engine.device_step import free_device_memory
@@ -37,7 +38,9 @@ from albatross_engine.worker import ModelLoader, ModelSource, Worker
 from runner.interface import AbstractRWKV, BackendError, GenerationEvent, GenerationRequest
 
 if TYPE_CHECKING:
+    from albatross.checkpoint import ModelConfig
     from runner.settings import ServerSettings
+    from runner.state_file import InitialState
 
 logger = logging.getLogger(__name__)
 
@@ -76,9 +79,12 @@ class AlbatrossRWKV(AbstractRWKV):
         self.model_path = model_path
         self.name = model.name if model is not None else _model_name(model_path)
         self.tokenizer = _resolve_tokenizer(tokenizer)
-        self.state_store = state_store
+        self.state_store = state_store  # what the state routes see (see set_initial_state)
+        self._raw_store: StateStore | None = state_store  # the cache itself, as the workers use it
         self._state_store_factory = state_store_factory
         self._owns_store = False
+        self._initial: EngineInitialState | None = None  # a state file's state (set_initial_state)
+        self._model_config: ModelConfig | None = None
         self.fingerprint: str | None = None
         self.devices = _worker_devices(self.config, model)
         loader = _prebuilt_loader(model) if model is not None else _model_loader(model_path, self.config)
@@ -115,6 +121,7 @@ class AlbatrossRWKV(AbstractRWKV):
         first = workers[0].model
         assert first is not None
         self.fingerprint = first.fingerprint
+        self._model_config = first.config
         if self.state_store is None and self._state_store_factory is not None:
             plan = workers[0].plan
             if plan is not None and plan.cache_bytes < workers[0].cache_bytes:  # the plan lowered the L1 budget
@@ -122,6 +129,7 @@ class AlbatrossRWKV(AbstractRWKV):
             else:
                 self.state_store = self._state_store_factory(first.fingerprint, workers[0].device)
             self._owns_store = True
+        self._raw_store = self.state_store
         for worker in workers:
             worker.store = self.state_store
 
@@ -130,7 +138,7 @@ class AlbatrossRWKV(AbstractRWKV):
         if core is not None:
             core.shutdown()
             gc_policy.engine_stopped()
-        close = getattr(self.state_store, "close", None)
+        close = getattr(self._raw_store, "close", None)
         if self._owns_store and callable(close):
             close()
         if torch.cuda.is_available():
@@ -168,8 +176,11 @@ class AlbatrossRWKV(AbstractRWKV):
         if request.sampling.logit_bias:
             raise BackendError(400, "logit_bias is not supported by the albatross backend yet (the classic backend applies it)")
         ref = request.state
-        load_key = ref.load_key if ref else None
-        save_key = ref.save_key if ref else None
+        initial = self._initial
+        # Saved states made from a state file live in its own key space (initial_state.py).
+        namespace = namespace_for(initial.state_id if initial is not None else None)
+        load_key = namespace + ref.load_key if ref and ref.load_key is not None else None
+        save_key = namespace + ref.save_key if ref and ref.save_key is not None else None
         if (load_key or save_key) and self.state_store is None:
             raise BackendError(400, "this albatross engine was started without a state cache")
         if load_key is not None and not request.prompt_tokens and request.sampling.max_tokens > 0:
@@ -184,6 +195,8 @@ class AlbatrossRWKV(AbstractRWKV):
             load_key=load_key,
             save_key=save_key,
             use_prefix_cache=bool(ref and ref.use_prefix_cache and load_key is None and self.state_store is not None),
+            initial_state=initial,
+            penalized_prompt_ids=list(request.penalized_prompt_ids),
         )
 
     async def async_generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
@@ -257,8 +270,20 @@ class AlbatrossRWKV(AbstractRWKV):
             "the albatross backend runs batch inference inside its engine and has no run_rnn(); use generate() or async_generate()"
         )
 
-    def get_embedding(self, text: str) -> list[float]:
-        raise NotImplementedError("the albatross backend does not support embeddings")
+    def set_initial_state(self, state: InitialState | None) -> None:
+        """A state file's WKV matrices start every task that has no saved state and no cached
+        prefix; the state routes then see only the sessions made from it (initial_state.py)."""
+        if state is None:
+            self._initial = None
+            self.state_store = self._raw_store
+            return
+        config = self._model_config
+        if config is None:
+            raise BackendError(503, "the albatross engine has not loaded its model")
+        state.check_fits(config.n_layer, config.n_head, config.head_size)
+        initial = EngineInitialState(state.state_id, slot_state_from_wkv(state.wkv, config.n_embd))
+        self._initial = initial
+        self.state_store = None if self._raw_store is None else NamespacedStateStore(self._raw_store, initial.key_namespace)
 
     # ---------------------------------------------------------------------------- status
 

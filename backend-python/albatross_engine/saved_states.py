@@ -3,7 +3,8 @@ and which slot states are saved (docs/engine.md, "The state-store seam").
 
 - `prepare(task)`: the saved state of `load_key` (404 when missing) or, with `use_prefix_cache`,
   the longest cached prefix of the prompt: every multiple of the boundary below its length and
-  every prompt end saved since start-up, longest first.
+  every prompt end saved since start-up, longest first; otherwise a state file's state when the
+  task carries one (prefix keys are then salted with the file's id).
 - `save_prefix(row)`: after a step that reaches a prefix checkpoint; a failure costs a future hit,
   never the request, so it is logged and swallowed.
 - `save_final(task)`: the state after the prompt and every generated token; raises on failure
@@ -19,6 +20,7 @@ import logging
 from typing import TYPE_CHECKING
 
 from albatross.state import SlotState
+from albatross_engine.initial_state import EngineInitialState
 from albatross_engine.metrics import WorkerMetrics
 from albatross_engine.state_store import PrefixHasher, PromptEndIndex, StateStore, prefix_lookup_lengths
 from albatross_engine.tasks import EngineTask
@@ -37,13 +39,24 @@ class SavedStates:
         self.metrics = metrics
         self.prompt_ends = prompt_ends  # shared by the engine's workers
         self.store = store
+        self._initial: tuple[str, SlotState] | None = None  # (state file id, its state on the device)
 
     def prepare(self, task: EngineTask) -> None:
-        """Write the task's starting state into its (already zeroed) slot."""
+        """Write the task's starting state into its (already zeroed) slot: a saved state, else the
+        longest cached prefix, else the state file's state (when one is set), else zeros."""
         if task.load_key is not None:
             self.device_step.write_state(task.slot, self._load(task.load_key))
-        elif task.use_prefix_cache and self.store is not None:
+            return
+        if task.use_prefix_cache and self.store is not None:
             self._resume_prefix(task, self.store)
+        if task.initial_state is not None and task.cached_prompt_tokens == 0:
+            self.device_step.write_state(task.slot, self._initial_on_device(task.initial_state))
+
+    def _initial_on_device(self, initial: EngineInitialState) -> SlotState:
+        """The state file's state on this worker's device, copied there once per file."""
+        if self._initial is None or self._initial[0] != initial.state_id:
+            self._initial = (initial.state_id, initial.state.to(self.device_step.device))
+        return self._initial[1]
 
     def _load(self, key: str) -> SlotState:
         state = None if self.store is None else self.store.get(key)
@@ -52,9 +65,11 @@ class SavedStates:
         return state
 
     def _resume_prefix(self, task: EngineTask, store: StateStore) -> None:
-        task.prefix_hasher = PrefixHasher(task.prompt_tokens)
+        # Prompts fed from a state file's state have their own keys (initial_state.py).
+        salt = b"" if task.initial_state is None else task.initial_state.prefix_salt
+        task.prefix_hasher = PrefixHasher(task.prompt_tokens, salt)
         lengths = prefix_lookup_lengths(task.prompt_len, self.prompt_ends.below(task.prompt_len))
-        lookup = PrefixHasher(task.prompt_tokens)  # hashes left to right: the keys come shortest first
+        lookup = PrefixHasher(task.prompt_tokens, salt)  # hashes left to right: the keys come shortest first
         keys = [(length, lookup.key_at(length)) for length in reversed(lengths)]
         for length, key in reversed(keys):
             state = store.get(key) if store.contains(key) else None

@@ -135,12 +135,14 @@ class Scheduler:
         # Runs every admission round: only prompts of a newcomer's length are worth hashing.
         lengths = {task.prompt_len for task in candidates}
         newcomers = {task.task_id for task in admitted}
-        leaders: dict[tuple[int, ...], EngineTask] = {}
+        # Only tasks that start from the same state share: the same prompt from a state file's
+        # state is another computation than from zeros.
+        leaders: dict[tuple[str | None, tuple[int, ...]], EngineTask] = {}
         for task in self.running.values():
             if task.prompt_len in lengths and task.task_id not in newcomers and task.leader is None and _can_lead(task):
-                leaders.setdefault(tuple(task.prompt_tokens), task)
+                leaders.setdefault((task.initial_state_id, tuple(task.prompt_tokens)), task)
         for task in candidates:
-            leader = leaders.setdefault(tuple(task.prompt_tokens), task)
+            leader = leaders.setdefault((task.initial_state_id, tuple(task.prompt_tokens)), task)
             if leader is not task:
                 task.leader = leader
                 leader.followers.append(task)

@@ -48,12 +48,14 @@ def prefix_key(token_ids: Sequence[int]) -> str:
 
 
 class PrefixHasher:
-    """Hashes a prompt once, left to right, yielding the prefix key at any length reached so far."""
+    """Hashes a prompt once, left to right, yielding the prefix key at any length reached so far.
+    A `salt` (the id of the state the prompt starts from, when not zeros) is hashed first, so
+    prompts fed from different starting states never share a key."""
 
     __slots__ = ("_hash", "_tokens", "_length")
 
-    def __init__(self, tokens: Sequence[int]) -> None:
-        self._hash = hashlib.sha256()
+    def __init__(self, tokens: Sequence[int], salt: bytes = b"") -> None:
+        self._hash = hashlib.sha256(salt)
         self._tokens = tokens
         self._length = 0
 

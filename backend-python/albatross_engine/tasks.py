@@ -18,6 +18,7 @@ from runner.interface import FinishReason, GenerationEvent, SamplingParams
 
 if TYPE_CHECKING:
     from albatross.detokenizer import TextStream
+    from albatross_engine.initial_state import EngineInitialState
 
 EventItem = Union[GenerationEvent, BaseException]  # an exception ends the stream by being raised
 
@@ -151,6 +152,9 @@ class EngineTask:
     load_key: str | None = None  # start from this saved state
     save_key: str | None = None  # save the final state of a completed run here
     use_prefix_cache: bool = False  # resume from / checkpoint prompt prefixes (zero-state prompts only)
+    # A state file's state, the start of a task with no saved state and no cached prefix (None: zeros).
+    initial_state: EngineInitialState | None = None
+    penalized_prompt_ids: list[int] = field(default_factory=list)  # counted in the penalties from the start
     task_id: int = field(default_factory=lambda: next(_task_ids))
     abort_requested: bool = False
     worker_index: int = -1
@@ -181,6 +185,10 @@ class EngineTask:
             raise ValueError("generating needs at least one prompt token")
         if self.use_prefix_cache and self.load_key is not None:
             raise ValueError("prefix caching applies to prompts fed from a zero state, not to a loaded state")
+
+    @property
+    def initial_state_id(self) -> str | None:
+        return None if self.initial_state is None else self.initial_state.state_id
 
     @property
     def prompt_len(self) -> int:

@@ -270,6 +270,8 @@ class Worker:
                 task.seed32 = seed_to_seed32(task.seed)
                 task.text_stream = TextStream(self.tokenizer, task.sampling.stop)
                 saved_states.prepare(task)
+                if task.penalized_prompt_ids:
+                    device_step.penalties.seed(task.slot, task.penalized_prompt_ids, task.sampling)
                 if not task.prompt_tokens:  # a loaded state with nothing to generate
                     finisher.finish(task, "length", task.event())
             except Exception as error:

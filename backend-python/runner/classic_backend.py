@@ -43,6 +43,7 @@ from runner.interface import (
     GenerationRequest,
     TokenLogprob,
 )
+from runner.state_file import InitialState
 
 log = logging.getLogger(__name__)
 
@@ -98,6 +99,7 @@ class ClassicRWKV(AbstractRWKV):
         self._model_lock = threading.Lock()  # one generation at a time, even if a caller forgets the runner's lock
         self._aborts: set[threading.Event] = set()
         self._aborts_lock = threading.Lock()
+        self._initial_wkv: list[torch.Tensor] | None = None  # a state file's WKV matrices, per layer
 
     # ---- AbstractRWKV ---------------------------------------------------------------------------
 
@@ -149,6 +151,18 @@ class ClassicRWKV(AbstractRWKV):
 
     def status(self) -> dict[str, object]:
         return {"strategy": self.strategy, "device": str(self.device)}
+
+    def set_initial_state(self, state: InitialState | None) -> None:
+        """The package's state list takes the file's matrices as each layer's WKV state, as
+        RWKV-Runner's load_rwkv_state does for RWKV-7 (no transpose); the shifts stay zero."""
+        if state is None:
+            self._initial_wkv = None
+            return
+        model = self._model
+        if model is None:
+            raise BackendError(503, "the model has been shut down")
+        state.check_fits(model.n_layer, model.n_embd // model.head_size, model.head_size)
+        self._initial_wkv = [state.wkv[i].to(self.device, torch.float32).contiguous() for i in range(model.n_layer)]
 
     def shutdown(self) -> None:
         with self._aborts_lock:
@@ -212,6 +226,7 @@ class ClassicRWKV(AbstractRWKV):
         seed = sampling.seed if sampling.seed is not None else secrets.randbits(64)
         batch = SamplingBatch.from_params([sampling], [seed_to_seed32(seed)], [0], device=self.device)
         penalties = PenaltyPool(1, self.tokenizer_len, device=self.device)
+        penalties.seed(0, request.penalized_prompt_ids, sampling)
         slot = torch.zeros(1, dtype=torch.int64, device=self.device)
         stream = TextStream(self.tokenizer, sampling.stop)
         stop_ids = frozenset(sampling.stop_token_ids)
@@ -221,7 +236,7 @@ class ClassicRWKV(AbstractRWKV):
             yield GenerationEvent(finish_reason="length", prompt_tokens=prompt_tokens)
             return
         try:
-            logits, state = self._model.forward(list(request.prompt_tokens), self._zero_state())
+            logits, state = self._model.forward(list(request.prompt_tokens), self._start_state())
         except Exception as exc:
             log.exception("classic prefill failed")
             yield GenerationEvent(finish_reason="error", error=str(exc) or type(exc).__name__, prompt_tokens=prompt_tokens)
@@ -254,17 +269,21 @@ class ClassicRWKV(AbstractRWKV):
                 )
                 return
 
-    def _zero_state(self) -> list[torch.Tensor]:
+    def _start_state(self) -> list[torch.Tensor]:
         """The package's state layout (per layer: time-mix shift, WKV matrices, channel-mix shift),
         built from this model's own dtype: the package's generate_zero_state reads module globals
-        that the most recently loaded model set."""
+        that the most recently loaded model set. Zeros, or the state file's WKV matrices."""
         weights = self._model.z
         dtype, device = weights["emb.weight"].dtype, weights["emb.weight"].device
         n_embd, head_size = self._model.n_embd, self._model.head_size
+        initial = self._initial_wkv
         state: list[torch.Tensor] = []
-        for _ in range(self._model.n_layer):
+        for layer in range(self._model.n_layer):
             state.append(torch.zeros(n_embd, dtype=dtype, device=device))
-            state.append(torch.zeros(n_embd // head_size, head_size, head_size, dtype=torch.float32, device=device))
+            if initial is not None:
+                state.append(initial[layer].clone())
+            else:
+                state.append(torch.zeros(n_embd // head_size, head_size, head_size, dtype=torch.float32, device=device))
             state.append(torch.zeros(n_embd, dtype=dtype, device=device))
         return state
 

@@ -40,11 +40,9 @@ def test_encode_and_decode_round_trip(backend: AlbatrossRWKV) -> None:
     assert backend.decode(backend.encode(text)) == text
 
 
-def test_run_rnn_and_embeddings_are_refused_with_a_helpful_message(backend: AlbatrossRWKV) -> None:
+def test_run_rnn_is_refused_with_a_helpful_message(backend: AlbatrossRWKV) -> None:
     with pytest.raises(NotImplementedError, match="batch inference.*generate"):
         backend.run_rnn([1, 2])
-    with pytest.raises(NotImplementedError, match="does not support embeddings"):
-        backend.get_embedding("hi")
 
 
 def test_constraints_and_logit_bias_are_refused_until_the_engine_samples_with_them(backend: AlbatrossRWKV) -> None:
