@@ -332,4 +332,6 @@ def check_load(model_path: str, strategy: str) -> None:
         normalize_strategy(strategy)
     except ValueError as exc:
         raise LoadRefused(str(exc), "strategy") from exc
+    if model_path.startswith("random:"):
+        raise LoadRefused(f"the classic backend loads .pth checkpoints only; {model_path!r} needs an albatross strategy", "model")
     check_rwkv7_checkpoint(model_path)

@@ -25,8 +25,9 @@ def test_albatross_serves_a_random_model_spec_over_http() -> None:
             client.post("/switch-model", json={"model": "", "strategy": ""})
 
 
-def test_classic_backend_refuses_a_random_model_spec_with_a_load_error() -> None:
+def test_classic_backend_refuses_a_random_model_spec_before_loading() -> None:
     with TestClient(make_app(settings_with())) as client:
         switched = client.post("/switch-model", json={"model": "random:2x128", "strategy": "cpu fp32"})
-    assert switched.status_code == 500, switched.text
-    assert "failed to load" in switched.json()["error"]["message"]
+    assert switched.status_code == 400, switched.text
+    error = switched.json()["error"]
+    assert error["param"] == "model" and "needs an albatross strategy" in error["message"]

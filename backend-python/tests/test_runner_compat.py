@@ -118,6 +118,15 @@ def test_a_relative_model_path_is_found_in_the_working_directory_first(tmp_path:
         assert client.get("/status").json()["model"] == "flag", "a refused switch keeps the old model"
 
 
+def test_model_path_at_start_is_resolved_like_the_guis_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "start.pth").write_bytes(b"weights")
+    monkeypatch.chdir(tmp_path)
+    settings = settings_with(model_path="./models/start", strategy="fake", models_dir=tmp_path / "elsewhere")
+    with TestClient(make_app(settings)) as client:
+        assert client.get("/status").json()["model_path"] == str(tmp_path / "models" / "start.pth")
+
+
 @pytest.mark.parametrize(
     ("body", "status", "param", "mentions"),
     [

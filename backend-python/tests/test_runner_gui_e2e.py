@@ -366,3 +366,14 @@ def test_the_guis_request_fields_are_the_ones_replayed_here() -> None:
     assert {"stream", "model", "max_tokens", "temperature", "top_p", "presence_penalty", "frequency_penalty", "user_name", "assistant_name", "presystem"} <= chat_keys
     assert "content: '<think>',\n          prefix: true" in chat, "DeepThink's open assistant turn"
     assert "`/file-to-text?file_name=${attachmentName}`" in chat and "bodyForm.append('file_data'" in chat
+
+
+def test_the_guis_polling_and_requests_log_no_warning(server: TestClient, caplog: pytest.LogCaptureFixture) -> None:
+    load(server, GUI_STRATEGY)
+    deepthink = {"role": "assistant", "content": "<think>", "prefix": True}
+    with caplog.at_level("WARNING"):
+        for _ in range(2):
+            server.get("/status", headers=SHELL)
+            server.post("/update-config", json=update_config_body(), headers=SHELL)
+            streamed_text(server.post("/v1/chat/completions", json=chat_body([*PRESET_MESSAGES, deepthink], **PRESET, max_tokens=4), headers=SHELL))
+    assert [r.getMessage() for r in caplog.records if r.levelname in ("WARNING", "ERROR")] == []
