@@ -10,7 +10,7 @@ import importlib
 import importlib.util
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 from runner.interface import AbstractRWKV
 
@@ -121,7 +121,7 @@ def _load_callable(entry: BackendEntry, spec: str) -> Callable[..., object]:
 
 
 def load_factory(entry: BackendEntry) -> BackendFactory:
-    return _load_callable(entry, entry.factory)
+    return cast(BackendFactory, _load_callable(entry, entry.factory))
 
 
 def preflight(entry: BackendEntry, model_path: str, strategy: str) -> None:

@@ -13,6 +13,7 @@ import ast
 import os
 import shutil
 import subprocess
+import sys
 import types
 from collections.abc import Iterator
 from pathlib import Path
@@ -72,15 +73,15 @@ def webui_functions() -> dict[str, Any]:
     gradio = types.ModuleType("gradio")
     gradio.update = lambda **kwargs: kwargs  # type: ignore[attr-defined]
     namespace: dict[str, Any] = {"__name__": "webui_rwkv"}
-    saved = __import__("sys").modules.get("gradio")
-    __import__("sys").modules["gradio"] = gradio
+    saved = sys.modules.get("gradio")
+    sys.modules["gradio"] = gradio
     try:
-        exec(compile(module, "webui_rwkv.py", "exec"), namespace)  # noqa: S102 - the client under test
+        exec(compile(module, "webui_rwkv.py", "exec"), namespace)  # the client under test
     finally:
         if saved is None:
-            __import__("sys").modules.pop("gradio", None)
+            sys.modules.pop("gradio", None)
         else:
-            __import__("sys").modules["gradio"] = saved
+            sys.modules["gradio"] = saved
     return namespace
 
 
