@@ -33,7 +33,8 @@ from runner_fakes import settings_with, sse_payloads
 RUNNER_MIRROR = Path(os.environ.get("RUNNER_MIRROR", "/work/.mirror/josStorer+RWKV-Runner/repo"))
 SHELL = {"Origin": "http://wails.localhost"}  # the desktop shell's web view on Windows
 GUI_STRATEGY = "albatross workers=1 batch=960"  # utils/index.tsx getStrategy: CUDA High Performance, the defaults
-STRATEGIES = [GUI_STRATEGY, "cpu fp32"]
+# Compared with the package's CPU fp32 run: on a GPU machine the engine must stay on the CPU too.
+STRATEGIES = [GUI_STRATEGY + " device=cpu", "cpu fp32"]
 MODEL = "./models/rwkv7-tiny.pth"  # RunButton.tsx: `${customModelsPath}/${modelName}`, customModelsPath "./models"
 N_LAYER, N_HEAD, HEAD_SIZE = 2, 2, 64  # the tiny checkpoint (conftest.py)
 
@@ -192,7 +193,8 @@ def test_the_desktop_run_flow_from_the_shells_origin_with_default_flags(server: 
     load(server, GUI_STRATEGY)
     status = server.get("/status", headers=SHELL).json()
     assert (status["status"], status["backend"], status["model"]) == (3, "albatross", "rwkv7-tiny")
-    assert status["effective"]["batch_size"] == 960 and status["device_name"] == "CPU"
+    runs_on = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU"
+    assert status["effective"]["batch_size"] == 960 and status["device_name"] == runs_on
     reply = server.post("/v1/chat/completions", json=chat_body([{"role": "user", "content": "Hello!"}], max_tokens=8), headers=SHELL)
     assert reply.headers["access-control-allow-origin"] == SHELL["Origin"]
     assert len(streamed_text(reply)) >= 0 and sse_payloads(reply.text)[-1] == "[DONE]"
@@ -268,7 +270,7 @@ def test_a_state_tuned_file_equals_the_package_run_from_that_state_until_it_is_c
     ],
 )
 def test_a_state_file_that_does_not_fit_is_refused_with_the_text_the_gui_matches(server: TestClient, runner_root: Path, state: str, status: int, text: str) -> None:
-    load(server, GUI_STRATEGY)
+    load(server, STRATEGIES[0])
     server.post("/update-config", json=update_config_body(state="state-models/tuned.pth"), headers=SHELL)
     refused = server.post("/update-config", json=update_config_body(state=state), headers=SHELL)
     assert refused.status_code == status and text in refused.text, refused.text  # RunButton.tsx: error.includes(...)
