@@ -1,15 +1,26 @@
-"""What a switch to the Albatross backend checks before the serving model is unloaded: that the
-strategy's devices exist and that the file is an RWKV-7 checkpoint (runner.backends.preflight)."""
+"""What a switch checks before the serving model is unloaded (runner.backends.preflight): that the
+Albatross strategy's devices exist, and, for every backend of RWKV-7 `.pth` files, that the file is
+one (its tensor directory is read memory-mapped: no weights are read)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 
+from albatross.checkpoint import read_state_dict, validate_state_dict
 from albatross_engine.config import parse_albatross_strategy
 from runner.backends import LoadRefused
-from runner.model_files import check_rwkv7_checkpoint
 
 RANDOM_MODEL_PREFIX = "random:"
+
+
+def check_checkpoint(model_path: str, strategy: str) -> None:
+    """LoadRefused (400, `model`) unless the file is an RWKV-7 checkpoint (key set and shapes)."""
+    try:
+        validate_state_dict(read_state_dict(model_path))
+    except Exception as exc:  # a torch.load failure is as much a wrong format as a bad key
+        raise LoadRefused(f"{Path(model_path).name} is not a loadable RWKV-7 .pth checkpoint: {exc}", "model") from exc
 
 
 def check_load(model_path: str, strategy: str) -> None:
@@ -24,4 +35,4 @@ def check_load(model_path: str, strategy: str) -> None:
                 "strategy",
             )
     if not model_path.startswith(RANDOM_MODEL_PREFIX):
-        check_rwkv7_checkpoint(model_path)
+        check_checkpoint(model_path, strategy)

@@ -26,14 +26,14 @@ class BackendEntry:
     first_words: tuple[str, ...]  # lower-case first words of the strategies it serves
     factory: str  # "module:function"
     default_strategy: str
-    # "module:function" called with (model path, strategy) BEFORE the serving backend is shut down:
-    # it raises LoadRefused for what can be known without loading (a bad strategy, a file that is
-    # not a checkpoint), so a refused switch leaves the old model serving. None: no checks.
-    preflight: str | None = None
+    # "module:function"s called in turn with (model path, strategy) BEFORE the serving backend is
+    # shut down: they raise LoadRefused for what can be known without loading (a bad strategy, a
+    # file that is not a checkpoint), so a refused switch leaves the old model serving.
+    preflight: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
-        for spec in (self.factory, self.preflight):
-            if spec is not None and ":" not in spec:
+        for spec in (self.factory, *self.preflight):
+            if ":" not in spec:
                 raise ValueError(f"factory and preflight must be 'module:function', got {spec!r}")
 
     @property
@@ -68,9 +68,16 @@ BACKENDS: tuple[BackendEntry, ...] = (
         ALBATROSS_STRATEGY_WORDS,
         "albatross_engine.adapter:create_backend",
         "albatross workers=1 batch=32",
-        preflight="albatross_engine.preflight:check_load",
+        preflight=("albatross_engine.preflight:check_load",),
     ),
-    BackendEntry("classic", ("cpu", "cuda"), "runner.classic_backend:create_backend", "cpu fp32", preflight="runner.classic_backend:check_load"),
+    BackendEntry(
+        "classic",
+        ("cpu", "cuda"),
+        "runner.classic_backend:create_backend",
+        "cpu fp32",
+        # the checkpoint check is the model's knowledge: the engine package holds it for both
+        preflight=("runner.classic_backend:check_load", "albatross_engine.preflight:check_checkpoint"),
+    ),
 )
 
 
@@ -126,5 +133,5 @@ def load_factory(entry: BackendEntry) -> BackendFactory:
 
 def preflight(entry: BackendEntry, model_path: str, strategy: str) -> None:
     """The entry's checks before a switch (see BackendEntry.preflight); raises LoadRefused."""
-    if entry.preflight is not None:
-        _load_callable(entry, entry.preflight)(model_path, strategy)
+    for spec in entry.preflight:
+        _load_callable(entry, spec)(model_path, strategy)

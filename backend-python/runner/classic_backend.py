@@ -324,9 +324,9 @@ def create_backend(model_path: str | os.PathLike[str], strategy: str, settings: 
 
 
 def check_load(model_path: str, strategy: str) -> None:
-    """The registry's preflight: the strategy and the checkpoint's format, before anything unloads."""
+    """The registry's first preflight: the strategy, and no random-weights spec (the checkpoint's
+    format is the next one's)."""
     from runner.backends import LoadRefused
-    from runner.model_files import check_rwkv7_checkpoint
 
     try:
         normalize_strategy(strategy)
@@ -334,4 +334,3 @@ def check_load(model_path: str, strategy: str) -> None:
         raise LoadRefused(str(exc), "strategy") from exc
     if model_path.startswith("random:"):
         raise LoadRefused(f"the classic backend loads .pth checkpoints only; {model_path!r} needs an albatross strategy", "model")
-    check_rwkv7_checkpoint(model_path)

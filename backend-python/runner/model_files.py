@@ -1,5 +1,4 @@
-"""Finding model and state files, and checking that a file is an RWKV-7 checkpoint before any
-backend is touched.
+"""Finding model and state files.
 
 A relative path is looked up against the working directory first (RWKV-Runner's GUI sends
 `./models/x.pth`, relative to the runner's root, which is its backend's working directory), then
@@ -11,7 +10,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from runner.backends import LoadRefused
 from runner.errors import ApiError
 
 CHECKPOINT_SUFFIX = ".pth"
@@ -39,13 +37,3 @@ def find_file(name: str, models_dir: Path, what: str, param: str, suffix: str = 
     looked = ", ".join(str(c.absolute()) for c in candidates)
     raise ApiError(404, f"{what} not found: {name!r} (looked for {looked})", param)
 
-
-def check_rwkv7_checkpoint(path: str | Path) -> None:
-    """Reads the file's tensor directory (memory-mapped: no weights are read) and checks the key
-    set and shapes; LoadRefused (400, `model`) when it is not an RWKV-7 checkpoint."""
-    from albatross.checkpoint import read_state_dict, validate_state_dict  # lazy: torch
-
-    try:
-        validate_state_dict(read_state_dict(path))
-    except Exception as exc:  # a torch.load failure is as much a wrong format as a bad key
-        raise LoadRefused(f"{Path(path).name} is not a loadable RWKV-7 .pth checkpoint: {exc}", "model") from exc
