@@ -242,6 +242,20 @@ def test_tool_calls_and_tool_results_in_the_history_render_as_the_runner_renders
     assert refused.status_code == 400 and refused.json()["error"]["param"] == "messages.0.tool_calls.0.function.arguments"
 
 
+def test_with_tools_offered_earlier_calls_read_in_the_tools_templates_form(client: TestClient, backend: ScriptedBackend) -> None:
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}
+    messages = [
+        {"role": "user", "content": "Weather?"},
+        {"role": "assistant", "content": None, "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Oslo"}'}}]},
+        {"role": "tool", "content": "-3", "tool_call_id": "c1"},
+        {"role": "user", "content": "And tomorrow?"},
+    ]
+    client.post("/v1/chat/completions", json={"messages": messages, "tools": [weather]})
+    prompt = last_prompt(backend)
+    assert 'Assistant: <tool_call>{"name": "get_weather", "arguments": {"city": "Oslo"}}</tool_call>\n\nObservation: -3\n\n' in prompt
+    assert "tool_call(" not in prompt
+
+
 def test_a_client_stop_adds_to_the_name_stops_instead_of_replacing_them(client: TestClient, backend: ScriptedBackend) -> None:
     client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "stop": "END", "user_name": "Zed"})
     assert backend.requests[-1].sampling.stop == ("END", "\n\nZ", "\n\nA")
