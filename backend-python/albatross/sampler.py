@@ -28,8 +28,6 @@ from typing import Protocol
 
 import torch
 
-from albatross.ops import host_to_device
-
 MASK32 = 0xFFFFFFFF
 HASH_MULTIPLIER = 0x45D9F3B
 GOLDEN_STEP = 0x9E3779B9
@@ -208,6 +206,8 @@ class PenaltyPool:
         id, in closed form. After n ids, id t holds `frequency * sum(decay**(n-1-i))` over its
         positions i plus `presence * decay**(n-1-first)` for its first position (RWKV-Runner's
         global_penalty counts a prompt this way). Built on the host in fp64, copied once."""
+        from albatross.ops import host_to_device  # lazy: albatross.ops imports this module
+
         if not token_ids:
             return
         ids = torch.as_tensor(list(token_ids), dtype=torch.int64)
