@@ -109,5 +109,8 @@ class NamespacedStateStore:
     def wait_persisted(self, key: str | None = None, timeout: float | None = None) -> bool:
         return bool(self.store.wait_persisted(None if key is None else self._key(key), timeout))
 
+    def acquire_turn(self, lock_name: str) -> Any:
+        return self.store.acquire_turn(self._key(lock_name))
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self.store, name)  # stats(), flush(), close(), ...: the whole cache's
