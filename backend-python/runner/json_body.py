@@ -10,7 +10,9 @@ Refused here, for every path and before authentication, each with a 400 JSON err
 traceback: a body that is not JSON, one nested deeper than the parser can follow (the parser's
 RecursionError was a 500), and one holding a lone UTF-16 surrogate such as `"\\ud800"` (no
 character: echoing or storing it failed to encode, a 500), named by its field. A body that did
-not arrive within the read timeout is a 408.
+not arrive within the read timeout is a 408. A `multipart/form-data` body (the one multipart route,
+`/file-to-text`) is read and bounded the same way but left to its route to parse; with
+`--password` such a request authenticates with its Authorization header.
 """
 
 from __future__ import annotations
@@ -102,13 +104,17 @@ class JsonBodyMiddleware:
             message = f"the request body did not arrive within {self.read_timeout_s:g} s (--request-read-timeout)"
             await send_json_error(send, 408, message, [(b"connection", b"close")])
             return
-        if body.strip():
+        if body.strip() and not _is_multipart(scope):  # /file-to-text's upload: the route parses it
             try:
                 scope.setdefault("state", {})[JSON_BODY_STATE_KEY] = parse_json_body(body)
             except BodyError as error:
                 await send_json_error(send, error.status_code, error.message, param=error.param)
                 return
         await self.app(scope, replay(body, extra, receive), send)
+
+
+def _is_multipart(scope: Scope) -> bool:
+    return any(name == b"content-type" and value.lower().startswith(b"multipart/form-data") for name, value in scope.get("headers", ()))
 
 
 async def read_body(receive: Receive) -> tuple[bytes, list[Message]]:

@@ -25,7 +25,14 @@ from runner.native_schemas import (
     StateStatusRequest,
     TranslateRequest,
 )
-from runner.schemas import ChatCompletionRequest, CompletionRequest, EmbeddingsRequest, SwitchModelRequest, UpdateConfigRequest
+from runner.schemas import (
+    ChatCompletionRequest,
+    CompletionRequest,
+    EmbeddingsRequest,
+    FileToTextForm,
+    SwitchModelRequest,
+    UpdateConfigRequest,
+)
 
 # path -> the bodies it accepts (more than one: any of them); () for a POST route without a body.
 REQUEST_BODIES: Mapping[str, tuple[type[BaseModel], ...]] = {
@@ -36,9 +43,13 @@ REQUEST_BODIES: Mapping[str, tuple[type[BaseModel], ...]] = {
     "/chat/completions": (ChatCompletionRequest, NativeBatchRequest),
     "/v1/completions": (CompletionRequest,),
     "/completions": (CompletionRequest,),
+    "/openai/v1/completions": (CompletionRequest,),
     "/v1/embeddings": (EmbeddingsRequest,),
     "/embeddings": (EmbeddingsRequest,),
     "/openai/v1/embeddings": (EmbeddingsRequest,),
+    "/v1/engines/text-embedding-ada-002/embeddings": (EmbeddingsRequest,),
+    "/engines/text-embedding-ada-002/embeddings": (EmbeddingsRequest,),
+    "/file-to-text": (FileToTextForm,),
     "/albatross/profile/reset": (),
     "/v2/chat/completions": (NativeBatchRequestV2,),
     "/big_batch/completions": (BigBatchRequest,),
@@ -50,6 +61,7 @@ REQUEST_BODIES: Mapping[str, tuple[type[BaseModel], ...]] = {
     "/state/status": (StateStatusRequest,),
     "/state/delete": (StateDeleteRequest,),
 }
+MULTIPART_PATHS = frozenset({"/file-to-text"})  # the one route whose body is a form, not JSON
 _REF = "#/components/schemas/{model}"
 
 
@@ -69,7 +81,8 @@ def with_request_bodies(document: dict[str, Any], bodies: Mapping[str, tuple[typ
             continue
         refs = [_schema_ref(model, components) for model in models]
         schema = refs[0] if len(refs) == 1 else {"anyOf": refs}
-        operation["requestBody"] = {"required": True, "content": {"application/json": {"schema": schema}}}
+        media_type = "multipart/form-data" if path in MULTIPART_PATHS else "application/json"
+        operation["requestBody"] = {"required": True, "content": {media_type: {"schema": schema}}}
     return document
 
 

@@ -243,6 +243,15 @@ class UpdateConfigRequest(_SamplingKnobs):
     state: str | None = None  # a state-tuned file; "" clears it
 
 
+class FileToTextForm(BaseModel):
+    """`/file-to-text`'s multipart form (for the OpenAPI document; the route reads the form itself).
+    `file_name` and `file_encoding` may also come as query parameters."""
+
+    file_data: bytes  # the file: .txt or .pdf
+    file_name: str | None = None  # used when the upload has no file name
+    file_encoding: str = "utf-8"
+
+
 class EmbeddingsRequest(_Body):
     input: str | list[str] | list[list[int]]
     model: str | None = None

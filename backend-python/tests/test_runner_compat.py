@@ -366,3 +366,23 @@ def test_status_reports_the_device_the_backend_runs_on_not_the_strategys_guess(a
     install_backend(app, CpuAlbatross(), strategy="albatross device=cpu")
     status = client.get("/status").json()
     assert status["device_name"] == "CPU" and isinstance(status["gpu_available"], bool)
+
+
+@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded", None])
+def test_a_body_password_counts_whatever_the_content_type_says(tmp_path: Path, content_type: str | None) -> None:
+    """curl -d sends form-urlencoded, some clients text/plain or nothing: the body is JSON anyway."""
+    headers = {} if content_type is None else {"Content-Type": content_type}
+    with TestClient(make_app(settings_with(models_dir=tmp_path, password="pw"), ScriptedBackend(["ok"]))) as client:
+        body = json.dumps({"prompt": "x", "password": "pw", "n": None})
+        reply = client.post("/v1/completions", content=body, headers=headers)
+        assert reply.status_code == 200 and reply.json()["choices"][0]["text"] == "ok", reply.text
+        assert client.post("/update-config", content=json.dumps({"top_k": 2, "password": "pw"}), headers=headers).status_code == 200
+        assert client.post("/update-config", content=json.dumps({"top_k": 2, "password": "no"}), headers=headers).status_code == 401
+
+
+def test_an_upload_authenticates_with_the_bearer_header(tmp_path: Path) -> None:
+    with TestClient(make_app(settings_with(models_dir=tmp_path, password="pw"))) as client:
+        files = {"file_data": ("a.txt", b"hello")}
+        assert client.post("/file-to-text", files=files).status_code == 401
+        reply = client.post("/file-to-text", files=files, headers={"Authorization": "Bearer pw"})
+        assert reply.status_code == 200 and reply.json()["pages"][0]["page_content"] == "hello"
