@@ -1,6 +1,6 @@
 """What a switch checks before the serving model is unloaded (runner.backends.preflight): that the
-Albatross strategy's devices exist, and, for every backend of RWKV-7 `.pth` files, that the file is
-one (its tensor directory is read memory-mapped: no weights are read)."""
+Albatross strategy's devices exist, and, for every backend, that the file is an RWKV-7 checkpoint
+(its tensor directory is read: no weights are)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from albatross.checkpoint import read_state_dict, validate_state_dict
+from albatross.checkpoint import read_config
 from albatross_engine.config import parse_albatross_strategy
 from runner.backends import LoadRefused
 
@@ -16,11 +16,12 @@ RANDOM_MODEL_PREFIX = "random:"
 
 
 def check_checkpoint(model_path: str, strategy: str) -> None:
-    """LoadRefused (400, `model`) unless the file is an RWKV-7 checkpoint (key set and shapes)."""
+    """LoadRefused (400, `model`) unless the file is an RWKV-7 checkpoint, `.pth` or int8
+    `.safetensors` (key set and shapes)."""
     try:
-        validate_state_dict(read_state_dict(model_path))
-    except Exception as exc:  # a torch.load failure is as much a wrong format as a bad key
-        raise LoadRefused(f"{Path(model_path).name} is not a loadable RWKV-7 .pth checkpoint: {exc}", "model") from exc
+        read_config(model_path)
+    except Exception as exc:  # a failure to read the file is as much a wrong format as a bad key
+        raise LoadRefused(f"{Path(model_path).name} is not a loadable RWKV-7 checkpoint: {exc}", "model") from exc
 
 
 def check_load(model_path: str, strategy: str) -> None:

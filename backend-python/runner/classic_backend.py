@@ -332,5 +332,5 @@ def check_load(model_path: str, strategy: str) -> None:
         normalize_strategy(strategy)
     except ValueError as exc:
         raise LoadRefused(str(exc), "strategy") from exc
-    if model_path.startswith("random:"):
+    if model_path.startswith("random:") or model_path.endswith(".safetensors"):
         raise LoadRefused(f"the classic backend loads .pth checkpoints only; {model_path!r} needs an albatross strategy", "model")

@@ -130,7 +130,7 @@ def test_model_path_at_start_is_resolved_like_the_guis_paths(tmp_path: Path, mon
 @pytest.mark.parametrize(
     ("body", "status", "param", "mentions"),
     [
-        ({"model": "alpha", "strategy": "cpu fp32"}, 400, "model", "not a loadable RWKV-7 .pth checkpoint"),
+        ({"model": "alpha", "strategy": "cpu fp32"}, 400, "model", "not a loadable RWKV-7 checkpoint"),
         ({"model": "alpha", "strategy": "cpu int4"}, 400, "strategy", "valid strategies"),
         ({"model": "alpha", "strategy": "tpu"}, 400, "strategy", "first word"),
         ({"model": "missing", "strategy": "cpu fp32"}, 404, "model", "looked for"),
