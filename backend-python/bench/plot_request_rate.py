@@ -21,8 +21,13 @@ PANELS = (("e2e_ms", "end-to-end latency (ms)"), ("ttft_ms", "time to first toke
 
 
 def _series(run: dict, key: str, quantile: str) -> tuple[list[float], list[float]]:
-    points = [(r["rate"], r[key][quantile]) for r in run["rates"] if not math.isnan(r[key][quantile])]
+    points = [(r["rate"], r[key][quantile]) for r in _rated(run) if not math.isnan(r[key][quantile])]
     return [p[0] for p in points], [p[1] for p in points]
+
+
+def _rated(run: dict) -> list[dict]:
+    """The Poisson loads of a run (a burst, rate = inf, has no place on a rate axis)."""
+    return [r for r in run["rates"] if math.isfinite(r["rate"])]
 
 
 def plot(runs: list[dict], output: Path) -> list[Path]:
@@ -49,8 +54,8 @@ def plot(runs: list[dict], output: Path) -> list[Path]:
 
     figure, axis = plt.subplots(figsize=(6, 4.5))
     for colour, run in zip(colours, runs):
-        rates = [r["rate"] for r in run["rates"]]
-        axis.plot(rates, [r["output_tokens_per_s"] for r in run["rates"]], marker="o", color=colour, label=run["label"])
+        rates = [r["rate"] for r in _rated(run)]
+        axis.plot(rates, [r["output_tokens_per_s"] for r in _rated(run)], marker="o", color=colour, label=run["label"])
     axis.set_xscale("log", base=2)
     axis.set_xlabel("request rate (requests/s, Poisson)")
     axis.set_ylabel("generated tokens/s")

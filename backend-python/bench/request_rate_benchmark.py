@@ -146,7 +146,8 @@ class Outcome:
     finished: bool = False  # False: still streaming when the drain ended
     ttft_s: float = 0.0
     e2e_s: float = 0.0  # to the last token
-    completion_tokens: int = 0
+    completion_tokens: int = 0  # the server's usage count, else the content chunks seen
+    max_tokens: int = 0
     gaps_s: list[float] = field(default_factory=list)
 
 
@@ -160,7 +161,7 @@ async def _run_share(args: argparse.Namespace, share: list[tuple[PlannedRequest,
 
         async def one(request: PlannedRequest, arrival: float) -> None:
             await asyncio.sleep(max(0.0, start_at + arrival - time.time()))
-            outcome = Outcome(request.index, request.kind, arrival, time.time() - start_at - arrival)
+            outcome = Outcome(request.index, request.kind, arrival, time.time() - start_at - arrival, max_tokens=request.max_tokens)
             outcomes.append(outcome)
             path, body = build(request, args.temperature)
             result = await one_stream(client, path, body, headers)
@@ -188,6 +189,8 @@ def client_processes(rate: float, mean_tokens: float, requested: int) -> int:
     """Processes for a rate: `requested`, or enough that none parses more than ~4k tokens/s."""
     if requested > 0:
         return requested
+    if math.isinf(rate):
+        return 16
     return max(1, min(16, math.ceil(rate * mean_tokens / 4000)))
 
 
@@ -201,6 +204,7 @@ class RateSummary:
     unfinished: int
     client_procs: int
     output_tokens: int
+    expected_tokens: int  # the completed requests' max_tokens: stops are off, so a gap means a server stopped early or merged chunks
     wall_s: float
     output_tokens_per_s: float
     completed_per_s: float
@@ -229,7 +233,7 @@ def summarize(rate: float, outcomes: list[Outcome], requests: int, procs: int) -
     return RateSummary(
         rate=rate, requests=requests, completed=len(done), failed=len(failed),
         rejected=sum(1 for o in failed if o.status == 429), unfinished=requests - len(done) - len(failed),
-        client_procs=procs, output_tokens=tokens, wall_s=wall, output_tokens_per_s=tokens / wall,
+        client_procs=procs, output_tokens=tokens, expected_tokens=sum(o.max_tokens for o in done), wall_s=wall, output_tokens_per_s=tokens / wall,
         completed_per_s=len(done) / wall, e2e_ms=quantiles([o.e2e_s for o in done]),
         ttft_ms=quantiles([o.ttft_s for o in done if o.ttft_s > 0]),
         itl_ms=quantiles([g for o in done for g in o.gaps_s]),
@@ -237,9 +241,16 @@ def summarize(rate: float, outcomes: list[Outcome], requests: int, procs: int) -
     )  # fmt: skip
 
 
-def run_rate(args: argparse.Namespace, pool: list[PlannedRequest], rate: float) -> tuple[RateSummary, list[Outcome]]:
-    count = min(len(pool), max(1, round(rate * args.duration)))
-    planned = list(zip(pool[:count], poisson_arrivals(count, rate, seed=args.seed + int(rate * 1000))))
+def run_rate(
+    args: argparse.Namespace, pool: list[PlannedRequest], rate: float, count: int | None = None
+) -> tuple[RateSummary, list[Outcome]]:
+    """One load: the first `count` requests of the pool (default: rate x duration), arriving as
+    a Poisson process of `rate` per second (`math.inf`: all at once)."""
+    if count is None:
+        count = min(len(pool), max(1, round(rate * args.duration)))
+    count = min(count, len(pool))
+    seed = args.seed + (10**6 if math.isinf(rate) else int(rate * 1000))
+    planned = list(zip(pool[:count], poisson_arrivals(count, rate, seed=seed)))
     procs = client_processes(rate, sum(r.max_tokens for r in pool[:count]) / count, args.client_procs)
     start_at = time.time() + (3.0 if procs > 1 else 0.5)  # time for the client processes to start
     if procs == 1:
@@ -249,6 +260,12 @@ def run_rate(args: argparse.Namespace, pool: list[PlannedRequest], rate: float) 
         with ProcessPoolExecutor(max_workers=procs, mp_context=multiprocessing.get_context("spawn")) as executor:
             outcomes = [o for part in executor.map(_client_process, [args] * procs, shares, [start_at] * procs) for o in part]
     return summarize(rate, outcomes, count, procs), outcomes
+
+
+def capped(request: PlannedRequest, words: int, tokens: int) -> PlannedRequest:
+    """The request with at most `words` prompt words and `tokens` max_tokens (0: no cap)."""
+    return replace(request, prompt_words=min(request.prompt_words, words or request.prompt_words),
+                   max_tokens=min(request.max_tokens, tokens or request.max_tokens))  # fmt: skip
 
 
 def describe_mix(mix: tuple[RequestClass, ...] = LENGTH_MIX) -> str:
@@ -289,17 +306,15 @@ def main(argv: list[str] | None = None) -> None:
 
     pool = request_pool(args.pool, args.seed)
     if args.cap_words or args.cap_tokens:
-        pool = [
-            replace(r, prompt_words=min(r.prompt_words, args.cap_words or r.prompt_words), max_tokens=min(r.max_tokens, args.cap_tokens or r.max_tokens))
-            for r in pool
-        ]
+        pool = [capped(r, args.cap_words, args.cap_tokens) for r in pool]
         print(f"capped: prompts <= {args.cap_words or '-'} words, max_tokens <= {args.cap_tokens or '-'}")
     print(f"{args.label} at {args.url} ({args.dialect}); pool of {len(pool)}: {describe_mix()}", flush=True)
     summaries = []
     for rate in (float(r) for r in args.rates.split(",") if r):
         summary, _ = run_rate(args, pool, rate)
         summaries.append(summary)
-        print(f"rate {rate:g}/s: {summary.completed}/{summary.requests} done, {summary.output_tokens_per_s:.0f} tok/s, "
+        print(f"rate {rate:g}/s: {summary.completed}/{summary.requests} done, {summary.output_tokens_per_s:.0f} tok/s "
+              f"({summary.output_tokens} of {summary.expected_tokens} expected tokens), "
               f"{summary.client_procs} client process(es)", flush=True)  # fmt: skip
     print_table(args.label, summaries)
     if args.json:

@@ -52,12 +52,12 @@ def test_each_dialect_sends_streaming_requests_with_stops_off() -> None:
 
 def test_summary_counts_outcomes_and_takes_nearest_rank_quantiles() -> None:
     Outcome = rate_bench.Outcome
-    done = [Outcome(i, "chat turn", i * 0.5, 0.0, 200, True, "", True, 0.1 * (i + 1), 1.0 + i, 10, [0.02] * 9) for i in range(4)]
+    done = [Outcome(i, "chat turn", i * 0.5, 0.0, 200, True, "", True, 0.1 * (i + 1), 1.0 + i, 10, 10, [0.02] * 9) for i in range(4)]
     rejected = Outcome(4, "chat turn", 2.0, 0.0, 429, False, "queue full", True)
     open_stream = Outcome(5, "generation", 2.5, 0.0)
     summary = rate_bench.summarize(2.0, [*done, rejected, open_stream], requests=6, procs=1)
     assert (summary.completed, summary.failed, summary.rejected, summary.unfinished) == (4, 1, 1, 1)
-    assert summary.output_tokens == 40
+    assert summary.output_tokens == summary.expected_tokens == 40
     assert summary.ttft_ms["p50"] == pytest.approx(200.0) and summary.ttft_ms["p99"] == pytest.approx(400.0)
     assert summary.itl_ms["p50"] == pytest.approx(20.0)
     assert summary.wall_s == pytest.approx(1.5 + 4.0)  # first arrival 0 to the last token at 1.5 + 4.0
