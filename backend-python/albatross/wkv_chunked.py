@@ -11,7 +11,7 @@ recurrence with two rank-1 inputs, so with the chunk's cumulative log decay `c_t
     M_ab = strict_tril(Ra Bi^T)  M_ak = strict_tril(Ra Ki^T)  M_rb = tril(Rr Bi^T)  M_rk = tril(Rr Ki^T)
     Z  = (I - M_ab)^-1 (Ra S0^T + M_ak V)          rows z_t, one column per value row of S
     Y  = Rr S0^T + M_rb Z + M_rk V
-    S1 = S0 diag(exp(c_last)) + Z^T (b exp(c_last - c)) + V^T (k exp(c_last - c))
+    S1 = S0 diag(exp(c_last)) + Z^T (Bi exp(c_last)) + V^T (Ki exp(c_last))
 
 The four L x L matrices and the triangular inverse depend on the inputs only (the kernel
 computes the inverse of every chunk in a parallel pass first); the state goes from chunk to
@@ -110,8 +110,8 @@ def _chunk_step(
     T = unit_lower_inverse(M_ab)  # depends on the inputs only (the kernel computes it in a parallel pass)
     Z = T @ (Ra @ S.mT + M_ak @ v)  # [S, H, L, Nv]: z_t = S_{t-1} a_t
     Y = Rr @ S.mT + M_rb @ Z + M_rk @ v
-    tail = torch.exp(c_last - c)  # <= 1
-    S_new = S * torch.exp(c_last) + Z.mT @ (b * tail) + v.mT @ (k * tail)
+    decay_all = torch.exp(c_last)  # the chunk's whole decay; b exp(c_last - c) = Bi exp(c_last)
+    S_new = S * decay_all + Z.mT @ (Bi * decay_all) + v.mT @ (Ki * decay_all)
     span = (-c_last.squeeze(-2)).amax(dim=-1)  # [S, H]: the chunk's largest decay span
     unsafe = ~(span <= SPAN_LIMIT)  # NaN-safe: a NaN span takes the exact path too
     if bool(unsafe.any()):

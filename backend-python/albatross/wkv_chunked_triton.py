@@ -122,10 +122,10 @@ def _chunk_scan_kernel(
                 Y = tl.dot(Rr, St, input_precision=PRECISION)
                 Y += tl.dot(M_rb, Z, input_precision=PRECISION)
                 Y += tl.dot(M_rk, v, input_precision=PRECISION)
-                tail = tl.exp(c_last[None, :] - c)  # <= 1
-                S = S * tl.exp(c_last)[None, :]
-                S += tl.dot(tl.trans(Z), b * tail, input_precision=PRECISION)
-                S += tl.dot(tl.trans(v), k * tail, input_precision=PRECISION)
+                decay_all = tl.exp(c_last)  # the chunk's whole decay; b exp(c_last - c) = Bi exp(c_last)
+                S = S * decay_all[None, :]
+                S += tl.dot(tl.trans(Z), Bi * decay_all[None, :], input_precision=PRECISION)
+                S += tl.dot(tl.trans(v), Ki * decay_all[None, :], input_precision=PRECISION)
                 y_offsets = rows64[:, None] * stride_y + vcols[None, :]
                 tl.store(y_ptr + y_offsets, Y.to(y_ptr.dtype.element_ty), mask=mask)
             else:
@@ -167,9 +167,9 @@ def wkv7_chunked_triton(
     b: torch.Tensor,
     lengths: tuple[int, ...] | list[int],
     offsets: torch.Tensor | None = None,
-    block_values: int = 16,
+    block_values: int = 32,
     precision: str = "ieee",
-    num_warps: int = 4,
+    num_warps: int = 8,
 ) -> torch.Tensor:
     """`ops.wkv7` by chunks. `lengths` are the host-side token counts of the slots (they size the
     launch without a device sync); `offsets` the device int32 form of `chunk_offsets(lengths)`
