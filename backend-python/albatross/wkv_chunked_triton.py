@@ -1,3 +1,5 @@
+# mypy: disable-error-code="no-untyped-def, attr-defined"
+# (the @triton.jit functions are Triton's language, not Python that mypy can check)
 """The chunked-parallel WKV-7 prefill as Triton kernels (the algorithm and its torch twin:
 `albatross.wkv_chunked`). Importing this module needs triton; nothing is compiled until the
 first call on a GPU (Triton caches the build per shape class).

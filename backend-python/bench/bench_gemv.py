@@ -16,8 +16,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from albatross import cuda_ops, linear  # noqa: E402
-from gpu_json import write_gpu_json  # noqa: E402
+from albatross import cuda_ops, linear
+from gpu_json import write_gpu_json
 
 # (name, batch of matrices or None, K, N): one 7.2B layer's weight products, then the head
 LAYER_7B = [

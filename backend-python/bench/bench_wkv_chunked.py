@@ -12,6 +12,7 @@ fp32 FMA; "tf32x3": three tf32 tensor-core products, about fp32 accuracy), `--wa
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -21,10 +22,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "external"))
 
-from albatross import cuda_ops  # noqa: E402
-from albatross.wkv_dispatch import ChunkedPolicy  # noqa: E402
-from gpu_json import write_gpu_json  # noqa: E402
-from wkv_compare import WkvCase, make_inputs, parse_cases, reference  # noqa: E402
+from albatross import cuda_ops
+from albatross.wkv_dispatch import ChunkedPolicy
+from gpu_json import write_gpu_json
+from wkv_compare import make_inputs, parse_cases, reference
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
@@ -124,7 +125,7 @@ def main(argv: list[str] | None = None) -> None:
             state = inputs.state0.to(DTYPES[state_name])
             lengths = [case.length] * case.sequences
             for name, fn in variants.items():
-                us = _time(lambda: fn(state, inputs, lengths), args.iters)
+                us = _time(functools.partial(fn, state, inputs, lengths), args.iters)
                 timings.append(Timing(case.label, case.sequences, case.length, state_name, name, us, case.tokens / us))
                 print(asdict(timings[-1]), flush=True)
             del inputs, state

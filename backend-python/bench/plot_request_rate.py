@@ -15,7 +15,7 @@ from pathlib import Path
 import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 PANELS = (("e2e_ms", "end-to-end latency (ms)"), ("ttft_ms", "time to first token (ms)"), ("itl_ms", "inter-token latency (ms)"))
 

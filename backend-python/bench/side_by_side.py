@@ -37,7 +37,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import request_rate_benchmark as rate_bench  # noqa: E402
+import request_rate_benchmark as rate_bench
 
 BACKEND = Path(__file__).resolve().parents[1]
 ROOT = BACKEND.parent
@@ -160,6 +160,10 @@ def run_server(args: argparse.Namespace, spec: ServerSpec, pool: list[rate_bench
     return {"label": spec.name, "dialect": spec.dialect, "length_mix": rate_bench.describe_mix(), "rates": [asdict(s) for s in summaries]}
 
 
+def _ratio(value: float, base: float) -> float:
+    return value / base if base and not math.isnan(base) else float("nan")
+
+
 def print_ratios(servers: list[dict]) -> None:
     """Each server's throughput and latency medians relative to the first one's, per load."""
     base = {r["rate"]: r for r in servers[0]["rates"]}
@@ -170,11 +174,11 @@ def print_ratios(servers: list[dict]) -> None:
             b = base.get(r["rate"])
             if b is None:
                 continue
-            ratio = lambda key, q: r[key][q] / b[key][q] if b[key][q] and not math.isnan(b[key][q]) else float("nan")  # noqa: E731
             load = "burst" if math.isinf(r["rate"]) else f"{r['rate']:g}/s"
-            tput = r["output_tokens_per_s"] / b["output_tokens_per_s"] if b["output_tokens_per_s"] else float("nan")
+            tput = _ratio(r["output_tokens_per_s"], b["output_tokens_per_s"])
             print(f"{server['label']:<12}{load:>8}{r['output_tokens_per_s']:>10.0f}{tput:>7.2f}"
-                  f"{ratio('ttft_ms', 'p50'):>12.2f}{ratio('itl_ms', 'p50'):>11.2f}{ratio('e2e_ms', 'p99'):>11.2f}")  # fmt: skip
+                  f"{_ratio(r['ttft_ms']['p50'], b['ttft_ms']['p50']):>12.2f}{_ratio(r['itl_ms']['p50'], b['itl_ms']['p50']):>11.2f}"
+                  f"{_ratio(r['e2e_ms']['p99'], b['e2e_ms']['p99']):>11.2f}")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:

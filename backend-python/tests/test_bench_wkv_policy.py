@@ -8,7 +8,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench" / "external"))
 
-from bench_wkv_chunked import Timing, recommend  # noqa: E402
+from bench_wkv_chunked import Timing, recommend
 
 
 def _timings(cases: dict[tuple[int, int], tuple[float, float]]) -> list[Timing]:

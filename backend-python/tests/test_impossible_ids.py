@@ -20,7 +20,7 @@ from albatross.random_checkpoint import (
 )
 
 os.environ["RWKV_V7_ON"] = "1"  # must be set before the package is imported
-from rwkv.model import RWKV as ReferenceRWKV  # noqa: E402
+from rwkv.model import RWKV as ReferenceRWKV
 
 SHAPE = CheckpointShape(n_layer=2, n_embd=128)
 IDS = (0, *UNDEFINED_IDS)

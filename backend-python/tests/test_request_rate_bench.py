@@ -13,8 +13,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
-import plot_request_rate  # noqa: E402
-import request_rate_benchmark as rate_bench  # noqa: E402
+import plot_request_rate
+import request_rate_benchmark as rate_bench
 
 
 def test_pool_has_the_stated_mix_and_is_the_same_every_time() -> None:

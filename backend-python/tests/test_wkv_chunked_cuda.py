@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 import torch
 
-from albatross import cuda_ops, ops, wkv_dispatch
+from albatross import cuda_ops, wkv_dispatch
 from albatross.random_checkpoint import CheckpointShape, random_state_dict
 from albatross.wkv_chunked import wkv7_chunked_torch
 from wkv_reference import flat_batch_args, wkv7_float64, wkv_inputs

@@ -18,10 +18,10 @@ import triton.runtime.interpreter as interpreter
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import torch  # noqa: E402
+import torch
 
-from albatross.wkv_chunked import wkv7_chunked_torch  # noqa: E402
-from wkv_reference import flat_batch_args, wkv_inputs  # noqa: E402
+from albatross.wkv_chunked import wkv7_chunked_torch
+from wkv_reference import flat_batch_args, wkv_inputs
 
 assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
 
@@ -37,7 +37,7 @@ def _patch_with_scalar_index(tensor: object, scope: object) -> None:
 
 interpreter._patch_lang_tensor = _patch_with_scalar_index
 
-from albatross.wkv_chunked_triton import wkv7_chunked_triton  # noqa: E402
+from albatross.wkv_chunked_triton import wkv7_chunked_triton
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
