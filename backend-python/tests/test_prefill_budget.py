@@ -3,7 +3,10 @@ function of the step's prompt tokens and decode rows, no model and no clock."""
 
 from __future__ import annotations
 
+import json
 import random
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -11,6 +14,8 @@ from albatross_engine.prefill_budget import PrefillBudget, StepTimeModel
 from albatross_engine.scheduler import RowKind, Scheduler, StepPlan
 from albatross_engine.tasks import EngineTask, SyncChannel
 from runner.interface import SamplingParams
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 TARGET_S = 0.150
 
@@ -264,3 +269,18 @@ def test_without_a_target_the_scheduler_plans_as_it_always_did() -> None:
     assert strip == [[row[1:] for row in step] for step in second]
     assert all(stop - start <= 4 for step in first for _, kind, start, stop in step if kind is RowKind.PREFILL)
     assert all(sum(stop - start for _, kind, start, stop in step if kind is RowKind.PREFILL) <= 6 for step in first)
+
+
+def test_the_simulation_script_reports_each_policy(tmp_path: Path) -> None:
+    """bench/prefill_budget_sim.py on a small burst and a small Poisson load: the static budget's
+    mixed steps stall the streams past the target, the adaptive budget's do not."""
+    import prefill_budget_sim
+
+    for rate in ("0", "20"):
+        out = tmp_path / f"sim{rate}.json"
+        prefill_budget_sim.main(["--requests", "120", "--batch", "64", "--max-tokens", "24", "--targets", "0,150",
+                                 "--rate", rate, "--json", str(out)])  # fmt: skip
+        static, adaptive = json.loads(out.read_text())["outcomes"]
+        assert static["itl_target_ms"] == 0 and adaptive["itl_target_ms"] == 150
+        assert adaptive["inter_token_ms"]["p99"] <= 150 * 1.001
+        assert static["steps"] > 0 and adaptive["tokens_per_s"] > 0
