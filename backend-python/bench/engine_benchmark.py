@@ -184,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
         timeline: list[dict[str, float]] = []
         timings, wall = asyncio.run(run(backend, args, timeline))
         engine = backend.status()
+        engine["prefill_budget_fit"] = [worker._scheduler.budget.describe() for worker in backend.core.workers]  # the workers' own schedulers
         step_profile = profiler.report() if profiler is not None else {}
     finally:
         backend.shutdown()
@@ -206,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
         ttft_ms=percentiles([t.ttft_s for t in timings if t.tokens]),
         inter_token_ms=percentiles([g for t in timings for g in t.gaps_s]),
         engine={k: engine[k] for k in ("step_time_ms", "decode_tokens_per_step", "prefill_tokens_per_step",
-                                       "peak_device_memory_bytes", "steps", "itl_target_ms") if k in engine},
+                                       "peak_device_memory_bytes", "steps", "itl_target_ms", "prefill_budget_fit") if k in engine},
         device=device,
         model=args.model or f"random:{args.shape}",
         timeline=timeline,
