@@ -216,7 +216,9 @@ class Worker:
                 "albatross worker %d: memory plan for %s (%.1f GB free): lowered %s",
                 self.index, self.device, (free or 0) / 1e9, "; ".join(plan.lowered),
             )  # fmt: skip
-            self._scheduler = Scheduler(plan.batch_size, plan.prefill_chunk, plan.prefill_budget)
+            self._scheduler = Scheduler(
+                plan.batch_size, plan.prefill_chunk, plan.prefill_budget, itl_target_s=self.config.itl_target_s
+            )
 
     def _serve(self) -> None:
         while True:
