@@ -34,6 +34,7 @@ KERNEL_SOURCES: dict[str, tuple[str, ...]] = {
     "sampler": ("sampler.cu",),
     "fused": ("fused.cu",),
     "int8": ("int8_gemv.cu",),
+    "gemv": ("gemv.cu",),
 }
 
 # The oldest torch whose stable ABI has everything the kernels use (2.10's typed data pointers,

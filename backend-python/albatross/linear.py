@@ -1,6 +1,11 @@
 """The model's matrix products `x @ W` (W stored `[in, out]`): the one seam where a weight format
-plugs in. A weight is a float tensor (fp16/bf16/fp32: torch's product) or an object that
-multiplies itself (`Int8Weight.mm`: int8 with per-channel scales, albatross/quant.py).
+plugs in. A weight is a float tensor (fp16/bf16/fp32) or an object that multiplies itself
+(`Int8Weight.mm`: int8 with per-channel scales, albatross/quant.py).
+
+A float product with 1-4 rows of fp16/bf16 on a GPU whose kernel library is loaded takes the
+`gemv` op (the split-K kernel of `albatross/cuda/gemv.cu`; its twin is `x @ W`, `ops.gemv_torch`);
+any other takes torch's product (cuBLAS on a GPU). At batch 1 a decode step streams every weight
+once: cuBLAS reads them at ~2.8 TB/s on the H200, the GEMV kernel is built to read at the copy rate.
 
 `mm` and `bmm` are the only places the model multiplies by a weight matrix, so a new format (or
 a faster kernel for one) changes nothing in the model.
@@ -13,14 +18,19 @@ from typing import Union
 
 import torch
 
+from albatross import ops
 from albatross.quant import Int8Weight
 
 Weight = Union[torch.Tensor, Int8Weight]
 
+GEMV_MAX_ROWS = 4
+_GEMV_DTYPES = (torch.float16, torch.bfloat16)
 _COUNTER_SLOTS = 1 << 16  # per device: one int32 per (matrix, column tile) of a split-K call
 
 _counters: dict[int, torch.Tensor] = {}
 _counters_lock = threading.Lock()
+_gemv_allowed = True  # benchmarks switch the float GEMV off to compare against cuBLAS
+_gemv_loaded = False  # latched once the gemv library has registered the op's CUDA kernel
 
 
 def counters(device: torch.device) -> torch.Tensor:
@@ -37,10 +47,49 @@ def counters(device: torch.device) -> torch.Tensor:
     return buffer
 
 
+def set_gemv_allowed(allowed: bool) -> None:
+    """Let few-row float products take the GEMV kernel (the default) or keep them on cuBLAS."""
+    global _gemv_allowed
+    _gemv_allowed = allowed
+
+
+def gemv_enabled() -> bool:
+    """Whether few-row float products on a GPU take the kernel: allowed, and its library loaded (by
+    cuda_ops.enable_cuda_kernels). A loaded kernel stays registered, so True is remembered; until
+    then each call asks the dispatcher (a GPU without the library runs cuBLAS)."""
+    global _gemv_loaded
+    if not _gemv_loaded:
+        _gemv_loaded = torch._C._dispatch_has_kernel_for_dispatch_key(f"{ops.NAMESPACE}::gemv", "CUDA")
+    return _gemv_allowed and _gemv_loaded
+
+
+def takes_gemv(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """The float GEMV kernel's preconditions (it also checks them, and raises)."""
+    return (
+        x.is_cuda
+        and x.shape[-2] <= GEMV_MAX_ROWS
+        and x.dtype in _GEMV_DTYPES
+        and weight.dtype == x.dtype
+        and weight.is_contiguous()
+        and weight.shape[-2] >= 1
+        and weight.shape[-1] % 8 == 0
+        and weight.data_ptr() % 16 == 0
+        and x.stride(-1) == 1
+        and gemv_enabled()
+    )
+
+
+def gemv(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """The op: x `[R, K]` @ W `[K, N]`, or `[B, R, K]` @ `[B, K, N]`, R <= 4."""
+    return ops.gemv(x, weight, counters(x.device))
+
+
 def mm(x: torch.Tensor, weight: Weight) -> torch.Tensor:
     """`x [R, K] @ W [K, N]`."""
     if isinstance(weight, Int8Weight):
         return weight.mm(x)
+    if takes_gemv(x, weight):
+        return gemv(x, weight)
     return torch.mm(x, weight)
 
 
@@ -48,6 +97,8 @@ def bmm(x: torch.Tensor, weight: Weight) -> torch.Tensor:
     """`x [B, R, K] @ W [B, K, N]` (a stack of products, as the r/k/v projections)."""
     if isinstance(weight, Int8Weight):
         return weight.mm(x)
+    if takes_gemv(x, weight):
+        return gemv(x, weight)
     return torch.bmm(x, weight)
 
 

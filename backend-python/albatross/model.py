@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from albatross import linear, ops
+from albatross import linear, ops, wkv_dispatch
 from albatross.checkpoint import ModelConfig, fingerprint, read_state_dict, resolve_checkpoint_path, validate_state_dict
 from albatross.dtypes import DTYPES, SUPPORTED_DTYPES, default_dtype_name, dtype_named
 from albatross.quant import DEFAULT_WEIGHT_FORMAT, LARGE_MATRICES, Int8Weight, check_weight_format, quantize
@@ -345,7 +345,7 @@ class RWKV7:
             assert layer.v0 is not None and layer.v1 is not None and layer.v2 is not None
             v_lora = linear.mm(linear.mm(xv, layer.v1), layer.v2)
             w, a, b = ops.wkv_prep(k, v, w_lora, a_lora, v_lora, v_first, layer.w0, layer.a0, layer.v0, layer.k_k, layer.k_a)
-        y = ops.wkv7(wkv_state, batch.slot_idx, batch.cu_seqlens, r, w, k, v, a, b, batch.single_token)
+        y = wkv_dispatch.wkv7(wkv_state, batch, r, w, k, v, a, b)  # sequential or chunked kernel, by the call's lengths
         y = ops.gn_bonus_gate(y, r, k, v, g, layer.r_k, layer.ln_x_weight, layer.ln_x_bias)
         return linear.mm(y, layer.output), v_first
 

@@ -288,6 +288,17 @@ def int8_gemv_torch(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, count
 int8_gemv = _declare("int8_gemv(Tensor x, Tensor q, Tensor scale, Tensor(a!) counters) -> Tensor", int8_gemv_torch)
 
 
+def gemv_torch(x: torch.Tensor, W: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """`x @ W` for the model's few-row products: x `[R, K]` with W `[K, N]`, or a stack `[B, R, K]`
+    with `[B, K, N]`. `counters` is the CUDA kernel's int32 workspace (one zeroed counter per
+    256-column tile, left zero after each call; albatross.linear keeps one per device); the twin
+    does not read it."""
+    return torch.matmul(x, W)
+
+
+gemv = _declare("gemv(Tensor x, Tensor W, Tensor(a!) counters) -> Tensor", gemv_torch)
+
+
 def sample_torch(
     logits: torch.Tensor,
     slots: torch.Tensor,

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,6 +22,10 @@ from albatross.dtypes import DTYPES
 
 HEAD_SIZE = 64
 VOCAB_SIZE = 65536
+# The RWKV world tokenizer defines ids 0..65529 of the 65,536-row head; a server that samples one
+# of the rest from random weights fails to decode it (some peers crash).
+UNDEFINED_IDS = tuple(range(65530, VOCAB_SIZE))
+IMPOSSIBLE_LOGIT = -100.0
 
 
 
@@ -71,12 +76,17 @@ NAMED_SHAPES: dict[str, CheckpointShape] = {
 
 
 def random_state_dict(
-    shape: CheckpointShape, seed: int = 0, dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu"
+    shape: CheckpointShape,
+    seed: int = 0,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    impossible_ids: Sequence[int] = (),
 ) -> dict[str, torch.Tensor]:
     """A full RWKV-7 state dict with random weights (generated in fp32, stored in `dtype`).
 
     Generating on a GPU (`device="cuda"`) takes seconds even for the 7.2B shape, so benchmarks
-    build their models in memory instead of writing and reading 15 GB files."""
+    build their models in memory instead of writing and reading 15 GB files. `impossible_ids`:
+    token ids that no server can sample from these weights (`make_ids_impossible`)."""
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(seed)
     C, V = shape.n_embd, shape.vocab_size
@@ -136,15 +146,49 @@ def random_state_dict(
     # A head that is large relative to the unit-variance final layer norm makes the next-token
     # distribution peaked, as in a trained model.
     sd["head.weight"] = randn(V, C, std=4.0 * inv)
+    if impossible_ids:
+        make_ids_impossible(sd, impossible_ids)
     # Convert as we go would be leaner, but the dict is built first so that the random stream
     # (and so the weights) do not depend on the storage dtype.
     return {k: v.to(dtype).contiguous() for k, v in sd.items()}
 
 
+def make_ids_impossible(sd: dict[str, torch.Tensor], ids: Sequence[int], channel: int = 0) -> None:
+    """Give `ids` the logit IMPOSSIBLE_LOGIT for every input, in every implementation: channel
+    `channel` of the final layer norm becomes the constant 1 (weight 0, bias 1), the head rows of
+    `ids` read only that channel (weight -100, exact in fp16), and no other row reads it. The other
+    logits lose one channel of 4,096 (of 128 in the tiny shape), so the distribution stays peaked;
+    a random head's logits stay within about +-20, so these ids get probability ~e^-120."""
+    vocab = sd["head.weight"].shape[0]
+    rows = sorted(set(ids))
+    if not rows or rows[0] < 0 or rows[-1] >= vocab:
+        raise ValueError(f"impossible ids must be in [0, {vocab}), got {list(ids)[:8]}")
+    sd["ln_out.weight"][channel] = 0.0
+    sd["ln_out.bias"][channel] = 1.0
+    head = sd["head.weight"]
+    head[:, channel] = 0.0
+    index = torch.tensor(rows, dtype=torch.int64, device=head.device)
+    head[index] = 0.0
+    head[index, channel] = IMPOSSIBLE_LOGIT
+
+
+def parse_ids(text: str) -> tuple[int, ...]:
+    """`"0,65530-65535"` -> (0, 65530, ..., 65535)."""
+    ids: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        low, _, high = part.partition("-")
+        ids.extend(range(int(low), int(high or low) + 1))
+    return tuple(ids)
+
+
 def write_random_checkpoint(
-    path: str | Path, shape: CheckpointShape, seed: int = 0, dtype: str = "fp32"
+    path: str | Path, shape: CheckpointShape, seed: int = 0, dtype: str = "fp32", impossible_ids: Sequence[int] = (),
+    device: str | torch.device = "cpu",
 ) -> Path:
-    """Write a checkpoint to `path` (`.pth` is appended when missing) and return the final path."""
+    """Write a checkpoint to `path` (`.pth` is appended when missing) and return the final path.
+    `device="cuda"` generates the weights on a GPU (the 7.2B shape in seconds)."""
     if dtype not in DTYPES:
         raise ValueError(f"unknown dtype {dtype!r}; known: {', '.join(DTYPES)}")
     path = Path(path)
@@ -152,7 +196,8 @@ def write_random_checkpoint(
         path = path.with_name(path.name + ".pth")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".partial")
-    torch.save(random_state_dict(shape, seed=seed, dtype=DTYPES[dtype]), tmp)
+    weights = random_state_dict(shape, seed=seed, dtype=DTYPES[dtype], device=device, impossible_ids=impossible_ids)
+    torch.save({key: value.cpu() for key, value in weights.items()}, tmp)
     tmp.replace(path)  # a crash never leaves a truncated checkpoint under the final name
     return path
 
@@ -165,11 +210,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--width", type=int, help="embedding width, a multiple of 64 (overrides --shape)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="fp32")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--impossible-ids", default="", help="ids no server can sample, e.g. 65530-65535 "
+                        "(the tokenizer's undefined ids) or 0,65530-65535 (also EOS: every stream runs to max_tokens)")
+    parser.add_argument("--device", default="cpu", help="generate on this device (cuda: seconds for 7.2B)")
     args = parser.parse_args(argv)
     base = NAMED_SHAPES[args.shape or "tiny"]
     shape = CheckpointShape(n_layer=args.layers or base.n_layer, n_embd=args.width or base.n_embd)
-    path = write_random_checkpoint(args.output, shape, seed=args.seed, dtype=args.dtype)
-    print(f"wrote {path} (layers={shape.n_layer}, width={shape.n_embd}, dtype={args.dtype})")
+    impossible = parse_ids(args.impossible_ids)
+    path = write_random_checkpoint(args.output, shape, seed=args.seed, dtype=args.dtype, impossible_ids=impossible, device=args.device)
+    note = f", {len(impossible)} impossible ids" if impossible else ""
+    print(f"wrote {path} (layers={shape.n_layer}, width={shape.n_embd}, dtype={args.dtype}{note})")
 
 
 if __name__ == "__main__":

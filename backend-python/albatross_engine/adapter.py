@@ -299,6 +299,7 @@ class AlbatrossRWKV(AbstractRWKV):
             "state_dtype": self.config.effective_state_dtype(self.devices[0].type),
             "prefill_chunk": self.config.prefill_chunk,
             "prefill_budget": self.config.prefill_budget,
+            "itl_target_ms": self.config.itl_target_ms,
             "engine_running": core is not None and core.running,
             **metrics,
         }

@@ -23,6 +23,10 @@ DTYPE_NAMES = tuple(DTYPES)  # for weights and activations (`dtype`) and WKV sta
 # Short chunks from many prompts, a large budget per step: the measurements are in docs/performance.md.
 DEFAULT_PREFILL_CHUNK = 128
 DEFAULT_PREFILL_BUDGET = 16384
+# The step time the adaptive prefill budget aims at while streams are decoding (0: off, the static
+# budget). Below the 200 ms inter-token p99 of issue 16 with room for the steps that overshoot
+# their prediction (docs/performance.md, "Adaptive prefill budget").
+DEFAULT_ITL_TARGET_MS = 150.0
 
 _DEVICE_PATTERN = re.compile(r"^(cpu|cuda|cuda:\d+)$")
 
@@ -36,6 +40,7 @@ class AlbatrossBackendConfig:
     weights: str = DEFAULT_WEIGHT_FORMAT  # the large matrices: fp16 (at `dtype`) or int8 with per-channel scales
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # most prompt tokens one request feeds in one step
     prefill_budget: int = DEFAULT_PREFILL_BUDGET  # most prompt tokens all requests feed together in one step
+    itl_target_ms: float = DEFAULT_ITL_TARGET_MS  # adaptive budget: a step next to decoding streams aims at this; 0: off
     state_dtype: str | None = None  # WKV state precision; None: fp16 on cuda, fp32 on cpu (docs/performance.md)
     overlap: bool | None = None  # host work of step N while step N+1 runs; None: on for cuda
     cuda_graphs: bool = True  # replay decode-only steps from CUDA graphs (a GPU only)
@@ -45,6 +50,9 @@ class AlbatrossBackendConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        target = self.itl_target_ms
+        if isinstance(target, bool) or not isinstance(target, (int, float)) or not 0.0 <= target < float("inf"):
+            raise ValueError(f"itl_target_ms must be a number of milliseconds >= 0 (0: off), got {target!r}")
         if self.device is not None and not _DEVICE_PATTERN.match(self.device):
             raise ValueError(f"device must be cpu, cuda or cuda:N, got {self.device!r}")
         for name in ("dtype", "state_dtype"):
@@ -53,6 +61,11 @@ class AlbatrossBackendConfig:
                 raise ValueError(f"{name} must be one of {', '.join(DTYPE_NAMES)}, got {value!r}")
         if self.weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {self.weights!r}")
+
+    @property
+    def itl_target_s(self) -> float | None:
+        """The adaptive budget's target in seconds; None when it is off."""
+        return self.itl_target_ms / 1000.0 if self.itl_target_ms > 0 else None
 
     def effective_dtype(self, device_type: str) -> str:
         """The weights' and activations' type on `device_type` (albatross.dtypes has the default)."""
@@ -76,6 +89,17 @@ def _positive_int(text: str) -> int | None:
     except ValueError:
         return None
     return value if value >= 1 else None
+
+
+def _milliseconds_or_off(text: str) -> float | None:
+    """A positive number of milliseconds, or 0 / off for none."""
+    if text.lower() in ("off", "none", "false"):
+        return 0.0
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if 0.0 <= value < float("inf") else None
 
 
 def _device(text: str) -> str | None:
@@ -109,6 +133,7 @@ _KEYS: dict[str, tuple[str, Callable[[str], object]]] = {
     "weights": ("weights", _choice(WEIGHT_FORMATS)),
     "prefill_chunk": ("prefill_chunk", _positive_int),
     "prefill_budget": ("prefill_budget", _positive_int),
+    "itl_target_ms": ("itl_target_ms", _milliseconds_or_off),
     "state_dtype": ("state_dtype", _choice(DTYPE_NAMES)),
     "overlap": ("overlap", _boolean),
     "cuda_graphs": ("cuda_graphs", _boolean),

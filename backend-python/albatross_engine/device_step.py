@@ -14,6 +14,7 @@ the previous step's ids (the one sync per step; `IssuedStep.token_ids()`).
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 
 import torch
@@ -61,6 +62,7 @@ class IssuedStep:
     copied: torch.cuda.Event | None = None
     logprobs: TopLogprobs | None = None
     logprob_rows: dict[int, int] = field(default_factory=dict)  # sample row -> row of `logprobs`
+    ids_at: float | None = None  # perf_counter when the ids reached the host (the adaptive budget's clock)
     _ids: list[int] | None = None
 
     def token_ids(self) -> list[int]:
@@ -68,6 +70,7 @@ class IssuedStep:
             if self.copied is not None:
                 self.copied.synchronize()
             self._ids = [] if self.host_ids is None else self.host_ids.tolist()
+            self.ids_at = time.perf_counter()
         return self._ids
 
 

@@ -5,9 +5,12 @@ Policy (one screen):
 - Every step, each running task that has a sampled token not yet fed gets one row: DECODE (feed
   it and sample the next) while it may still sample, else FEED (feed only, so that a saved final
   state has consumed every generated token). Decoding never waits for prefill.
-- Prompts are then fed in chunks, oldest admission first: at most `prefill_chunk` tokens per task
-  and `prefill_budget` tokens per step in all. A task using the prefix cache has its chunks cut at
-  multiples of `prefix_boundary` so the state can be saved there.
+- Prompts are then fed in chunks, oldest admission first, within the step's `PrefillBudget`
+  (albatross_engine/prefill_budget.py): statically at most `prefill_chunk` tokens per task and
+  `prefill_budget` per step in all; with an inter-token target, as many prompt tokens as keep the
+  decode rows' step under it (learned from the measured step times the worker reports through
+  `observe_step`), few prompts sharing them in longer chunks. A task using the prefix cache has its
+  chunks cut at multiples of `prefix_boundary` so the state can be saved there.
 - A row samples when it is a decode row or the chunk that ends its prompt (unless max_tokens is 0).
 - Tasks admitted together with the same prompt from a zero state (the `n` samples of a request)
   prefill it once: the first one's chunks stop before the last prompt token, the worker copies
@@ -25,6 +28,7 @@ from collections import deque
 from dataclasses import dataclass
 
 from albatross_engine.config import DEFAULT_PREFILL_BUDGET, DEFAULT_PREFILL_CHUNK
+from albatross_engine.prefill_budget import PrefillBudget
 from albatross_engine.state_store import PREFIX_BOUNDARY_TOKENS
 from albatross_engine.tasks import EngineTask
 
@@ -90,12 +94,12 @@ class Scheduler:
         prefill_chunk: int = DEFAULT_PREFILL_CHUNK,
         prefill_budget: int = DEFAULT_PREFILL_BUDGET,
         prefix_boundary: int = PREFIX_BOUNDARY_TOKENS,
+        itl_target_s: float | None = None,
     ) -> None:
         if min(batch_size, prefill_chunk, prefill_budget, prefix_boundary) < 1:
             raise ValueError("batch_size, prefill_chunk, prefill_budget and prefix_boundary must be >= 1")
         self.batch_size = batch_size
-        self.prefill_chunk = prefill_chunk
-        self.prefill_budget = prefill_budget
+        self.budget = PrefillBudget(prefill_chunk, prefill_budget, itl_target_s)
         self.prefix_boundary = prefix_boundary
         self.waiting: deque[EngineTask] = deque()
         self.running: dict[int, EngineTask] = {}  # task_id -> task, in admission order
@@ -185,13 +189,19 @@ class Scheduler:
                 prefilling.append(task)
             elif task.fed < task.sampled:  # else nothing new to feed: waiting for the host to see the task's end
                 self._plan_generated_token(task, plan)
-        budget = self.prefill_budget
-        for task in prefilling:
+        feeding = [task for task in prefilling if not task.finished and task.leader is None]
+        budget = self.budget.tokens(plan.decode_tokens, plan.sample_count)  # every sample so far is a decode row
+        for index, task in enumerate(feeding):
             if budget == 0:
                 break
-            if not task.finished and task.leader is None:
-                budget -= self._plan_prefill_chunk(task, budget, plan)
+            chunk = self.budget.chunk(budget, len(feeding) - index)
+            budget -= self._plan_prefill_chunk(task, min(budget, chunk), plan)
         return plan
+
+    def observe_step(self, plan: StepPlan, seconds: float) -> None:
+        """How long an issued step took, as its decoding streams saw it (the worker measures it
+        where the host already waits for the step's ids); the adaptive budget learns from it."""
+        self.budget.observe(plan.prefill_tokens, plan.decode_tokens, seconds)
 
     def _plan_generated_token(self, task: EngineTask, plan: StepPlan) -> None:
         if task.finished:
@@ -212,9 +222,9 @@ class Scheduler:
         plan.rows.append(row)
         plan.decode_tokens += 1
 
-    def _plan_prefill_chunk(self, task: EngineTask, budget: int, plan: StepPlan) -> int:
+    def _plan_prefill_chunk(self, task: EngineTask, limit: int, plan: StepPlan) -> int:
         start = task.prompt_pos
-        count = min(task.prompt_len - start, self.prefill_chunk, budget)
+        count = min(task.prompt_len - start, limit)
         boundary = self.prefix_boundary
         if task.use_prefix_cache:
             next_boundary = (start // boundary + 1) * boundary

@@ -78,7 +78,9 @@ class Worker:
         self.plan: MemoryPlan | None = None  # made on this worker's thread at load
         self._prompt_ends = prompt_ends or PromptEndIndex()
         self.on_death = on_death  # the engine core's: a dead worker ends the engine
-        self._scheduler = Scheduler(config.batch_size, config.prefill_chunk, config.prefill_budget)
+        self._scheduler = Scheduler(
+            config.batch_size, config.prefill_chunk, config.prefill_budget, itl_target_s=config.itl_target_s
+        )
         self._cond = threading.Condition()
         self._inbox: list[EngineTask] = []
         self._aborts: list[EngineTask] = []
@@ -93,6 +95,7 @@ class Worker:
         self._finisher: Finisher | None = None
         self._results: ResultProcessor | None = None
         self._pending: IssuedStep | None = None  # issued, host work not done yet (overlap)
+        self._last_ids_at: float | None = None  # when the last processed step's ids reached the host
         self._thread = threading.Thread(target=self._run, name=f"albatross-worker-{index}", daemon=True)
 
     # ---------------------------------------------------------------------------- other threads
@@ -213,7 +216,9 @@ class Worker:
                 "albatross worker %d: memory plan for %s (%.1f GB free): lowered %s",
                 self.index, self.device, (free or 0) / 1e9, "; ".join(plan.lowered),
             )  # fmt: skip
-            self._scheduler = Scheduler(plan.batch_size, plan.prefill_chunk, plan.prefill_budget)
+            self._scheduler = Scheduler(
+                plan.batch_size, plan.prefill_chunk, plan.prefill_budget, itl_target_s=self.config.itl_target_s
+            )
 
     def _serve(self) -> None:
         while True:
@@ -249,6 +254,7 @@ class Worker:
             previous = issued
         if previous is not None:
             results.process(previous)
+        self._feed_step_time(previous)
         if not (plan or previous or admitted or aborts) and self._scheduler.running:
             # Running tasks with nothing to do would never finish: fail them rather than hang.
             finisher.fail_rows([Row(t, t.slot, RowKind.FEED) for t in self._scheduler.running.values()],
@@ -256,6 +262,15 @@ class Worker:
         if self._outbox.flush():
             finisher.abort_closed_channels()
         self._record(started, plan)
+
+    def _feed_step_time(self, processed: IssuedStep | None) -> None:
+        """The adaptive prefill budget learns from the spacing of consecutive steps' ids on the
+        host, which is what a decoding stream waits per token; taken where the host already waited
+        for them (no sync of its own)."""
+        ids_at = processed.ids_at if processed is not None else None
+        if processed is not None and ids_at is not None and self._last_ids_at is not None:
+            self._scheduler.observe_step(processed.plan, ids_at - self._last_ids_at)
+        self._last_ids_at = ids_at
 
     def _prepare(self, tasks: list[EngineTask], finisher: Finisher) -> None:
         """Admitted tasks: zeroed slots (one call), then each task's checks and starting state."""

@@ -20,7 +20,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from albatross import cuda_ops, ops, sampler
+from albatross import cuda_ops, linear, ops, sampler, wkv_dispatch
 from albatross.cuda_graphs import DecodeGraphRunner
 from albatross.model import RWKV7
 from albatross.random_checkpoint import NAMED_SHAPES, random_state_dict
@@ -182,6 +182,15 @@ def precision_accuracy(shape_name: str, streams: int, steps: int) -> dict[str, d
     }
 
 
+def _switch(text: str) -> list[bool]:
+    """"on", "off" or "on,off" as a list of settings to run in turn."""
+    values = {"on": True, "off": False}
+    settings = [values[v.strip()] for v in text.split(",") if v.strip()]
+    if not settings:
+        raise SystemExit(f"expected on, off or on,off; got {text!r}")
+    return settings
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="7.2b", choices=sorted(NAMED_SHAPES))
@@ -193,6 +202,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile-batches", default="", help="print a kernel profile of eager decode at these batches")
     parser.add_argument("--profile-prefill", default="", help="kernel profiles of one prefill call, e.g. 8x512,64x512")
     parser.add_argument("--skip-accuracy", action="store_true")
+    parser.add_argument("--wkv-chunked", default="on", help="prefill with the chunked WKV kernel where its policy says (on), "
+                        "never (off), or both in turn (on,off)")
+    parser.add_argument("--gemv", default="on", help="graph decode with the GEMV kernel for 1-4 rows (on), cuBLAS (off), or both")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -217,18 +229,24 @@ def main(argv: list[str] | None = None) -> None:
             results.append(result)
             print(asdict(result), flush=True)
         if state_dtype == torch.float32:
-            for prompts, length in ((1, 4096), (64, 512)):
-                result = bench_prefill(model, pool, prompts, length, args.shape, args.prefill_chunk)
-                results.append(result)
-                print(asdict(result), flush=True)
-            if graph_batches:
+            for chunked in _switch(args.wkv_chunked):
+                wkv_dispatch.POLICY = wkv_dispatch.ChunkedPolicy(enabled=chunked)
+                for prompts, length in ((1, 4096), (64, 512)):
+                    result = bench_prefill(model, pool, prompts, length, args.shape, args.prefill_chunk)
+                    result.note += ", chunked WKV where the policy says" if chunked else ", sequential WKV"
+                    results.append(result)
+                    print(asdict(result), flush=True)
+            wkv_dispatch.POLICY = wkv_dispatch.ChunkedPolicy()
+            for gemv in _switch(args.gemv) if graph_batches else ():
+                linear.set_gemv_allowed(gemv)  # captured into the graphs below
                 runner = DecodeGraphRunner(model, pool, scratch_slot=pool.batch_size - 1, buckets=graph_batches)
                 for batch in graph_batches:
                     result = bench_decode(model, pool, batch, 3 * args.steps, args.shape, runner)
-                    result.note = tag
+                    result.note = tag + (", GEMV for <= 4 rows" if linear.gemv_enabled() else ", cuBLAS")
                     results.append(result)
                     print(asdict(result), flush=True)
                 del runner
+                linear.set_gemv_allowed(True)
             for batch in [int(b) for b in args.profile_batches.split(",") if b]:
                 print(f"\n== profile: eager decode + sampling, batch {batch}, {args.shape}\n{profile_decode(model, pool, batch)}", flush=True)
             for spec in [s for s in args.profile_prefill.split(",") if s]:

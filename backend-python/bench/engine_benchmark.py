@@ -82,7 +82,7 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 def build_backend(args: argparse.Namespace) -> AlbatrossRWKV:
     extras: dict[str, object] = {
-        name: getattr(args, name) for name in ("prefill_chunk", "prefill_budget") if getattr(args, name) is not None
+        name: getattr(args, name) for name in ("prefill_chunk", "prefill_budget", "itl_target_ms") if getattr(args, name) is not None
     }
     if args.overlap is not None:
         extras["overlap"] = args.overlap == "on"
@@ -165,6 +165,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--prefill-chunk", type=int, help="default: the engine's (128)")
     parser.add_argument("--prefill-budget", type=int, help="default: the engine's (16384)")
+    parser.add_argument("--itl-target-ms", type=float, help="the adaptive prefill budget's step-time target, 0: off (default: the engine's, 150)")
     parser.add_argument("--overlap", choices=("on", "off"), help="default: on for cuda")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--state-dtype", choices=("fp32", "fp16", "bf16"), help="default: the engine's (fp16 on cuda, fp32 on cpu)")
@@ -183,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
         timeline: list[dict[str, float]] = []
         timings, wall = asyncio.run(run(backend, args, timeline))
         engine = backend.status()
+        engine["prefill_budget_fit"] = [worker._scheduler.budget.describe() for worker in backend.core.workers]  # the workers' own schedulers
         step_profile = profiler.report() if profiler is not None else {}
     finally:
         backend.shutdown()
@@ -205,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
         ttft_ms=percentiles([t.ttft_s for t in timings if t.tokens]),
         inter_token_ms=percentiles([g for t in timings for g in t.gaps_s]),
         engine={k: engine[k] for k in ("step_time_ms", "decode_tokens_per_step", "prefill_tokens_per_step",
-                                       "peak_device_memory_bytes", "steps") if k in engine},
+                                       "peak_device_memory_bytes", "steps", "itl_target_ms", "prefill_budget_fit") if k in engine},
         device=device,
         model=args.model or f"random:{args.shape}",
         timeline=timeline,

@@ -4,7 +4,8 @@
 # back: every table goes to log.txt; JSON for the engine and each HTTP load; server.log; pyspy.txt).
 #   run from the repo root with the wheels of fastapi & co. (and py-spy for PYSPY=1) carried in .whl/
 # Knobs (environment): TESTS, MODEL (bench_model.py with BENCH_ARGS), ENGINE, BATCH1, HTTP, NOCACHE,
-# LEVELS, SHAPE, TEST_TIMEOUT, TEST_PATHS, ENGINE_STATE_DTYPES, ENGINE_ARGS (extra engine_benchmark.py flags), PYSPY=1 (sample the
+# LEVELS, SHAPE, TEST_TIMEOUT, TEST_PATHS, ENGINE_STATE_DTYPES, ENGINE_ARGS (extra engine_benchmark.py flags),
+# ITL_TARGETS (e.g. "0 150": one engine run per adaptive prefill budget target, 0 = the static budget), PYSPY=1 (sample the
 # server's threads during the first HTTP load), SWITCH_INTERVALS (e.g. "0.0005": restart the server
 # with that sys.setswitchinterval and repeat the chat-route load).
 set -uo pipefail
@@ -28,10 +29,14 @@ fi
 
 if [ "${ENGINE:-1}" = 1 ]; then
   for state in ${ENGINE_STATE_DTYPES:-default}; do  # e.g. "default fp32": the engine's default state, then fp32
-    flags=$([ "$state" = default ] || echo "--state-dtype $state")
-    echo "== engine, 960 requests, state: $state" | tee -a "$OUT/log.txt"
-    timeout 240 python3 bench/engine_benchmark.py --shape "${SHAPE:-7.2b}" --requests 960 --batch 960 $flags ${ENGINE_ARGS:-} \
-        --json "$OUT/engine960_$state.json" 2>&1 | tee -a "$OUT/log.txt" | tail -60
+    for target in ${ITL_TARGETS:-default}; do  # e.g. "0 150": static budget, then the adaptive one at 150 ms
+      flags=$([ "$state" = default ] || echo "--state-dtype $state")
+      flags="$flags $([ "$target" = default ] || echo "--itl-target-ms $target")"
+      name=$state$([ "$target" = default ] || echo "_itl$target")
+      echo "== engine, 960 requests, state: $state, itl_target_ms: $target" | tee -a "$OUT/log.txt"
+      timeout 240 python3 bench/engine_benchmark.py --shape "${SHAPE:-7.2b}" --requests 960 --batch 960 $flags ${ENGINE_ARGS:-} \
+          --json "$OUT/engine960_$name.json" 2>&1 | tee -a "$OUT/log.txt" | tail -60
+    done
   done
   [ "${BATCH1:-1}" = 1 ] && timeout 90 python3 bench/engine_benchmark.py --shape "${SHAPE:-7.2b}" --requests 1 --batch 1 --prompt-min 64 --prompt-max 64 2>&1 | tee -a "$OUT/log.txt" | tail -12
 fi

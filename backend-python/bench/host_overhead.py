@@ -9,9 +9,15 @@ sum of its step times.
 
     python bench/host_overhead.py                     # the 960-request workload of engine_benchmark.py
     python bench/host_overhead.py --requests 64 --batch 64 --max-tokens 64
+    python bench/host_overhead.py --mixed 18,26,40 --latency --itl-target-ms 0    # static budget
+    python bench/host_overhead.py --mixed 18,26,40 --latency --itl-target-ms 150  # adaptive budget
 
 Prints the run's wall time, the simulated device's busy time, the idle time between steps, and
-the CPU time per step of the worker threads, the caller's loop and the whole process.
+the CPU time per step of the worker threads, the caller's loop and the whole process. `--latency`
+also times every request as engine_benchmark.py does (TTFT, inter-token gaps per token; it adds
+that bookkeeping to the caller's loop), and `--itl-target-ms` / `--prefill-budget` /
+`--prefill-chunk` set the engine's prefill policy, so the adaptive budget can be compared with the
+static one against the same simulated device.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from albatross_engine import worker as worker_module
 from albatross_engine.adapter import AlbatrossRWKV, parse_random_spec
 from albatross_engine.device_step import IssuedStep
 from albatross_engine.scheduler import StepPlan
+from engine_benchmark import RequestTiming, one_request, percentiles  # bench/ is the script's folder
 from runner.interface import GenerationRequest, SamplingParams
 
 
@@ -108,7 +115,8 @@ class SimulatedDeviceStep:
         return 0
 
 
-async def _run(backend: AlbatrossRWKV, args: argparse.Namespace) -> tuple[int, float]:
+async def _run(backend: AlbatrossRWKV, args: argparse.Namespace, timings: list[RequestTiming]) -> tuple[int, float]:
+    """Every request at once; with `--latency` each one's timing is recorded into `timings`."""
     rng = random.Random(args.seed)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, top_p=0.6, top_k=50, stop=(), stop_token_ids=())
     requests = [
@@ -123,7 +131,12 @@ async def _run(backend: AlbatrossRWKV, args: argparse.Namespace) -> tuple[int, f
             generated += len(event.token_ids)
 
     start = time.perf_counter()
-    await asyncio.gather(*(one(r) for r in requests))
+    if args.latency:
+        timings.extend(RequestTiming(prompt_tokens=len(r.prompt_tokens)) for r in requests)
+        await asyncio.gather(*(one_request(backend, r, t, start) for r, t in zip(requests, timings)))
+        generated = sum(t.tokens for t in timings)
+    else:
+        await asyncio.gather(*(one(r) for r in requests))
     return generated, time.perf_counter() - start
 
 
@@ -144,28 +157,39 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--decode-ms", type=float, default=38.7, help="a decode-only step (H200, 7.2B, 960 rows)")
     parser.add_argument("--mixed", default="67,20.9,13.5",
-                        help="a step with prompt chunks: ms, us per prompt token, us per decode row (H200 fit)")  # fmt: skip
+                        help="a step with prompt chunks: ms, us per prompt token, us per decode row (H200 fit; "
+                             "18,26,40 is the fit of docs/performance.md's adaptive-budget section)")  # fmt: skip
+    parser.add_argument("--latency", action="store_true", help="time each request: TTFT and inter-token percentiles")
+    parser.add_argument("--itl-target-ms", type=float, help="the adaptive prefill budget's target, 0: off (default: the engine's)")
+    parser.add_argument("--prefill-budget", type=int, help="default: the engine's")
+    parser.add_argument("--prefill-chunk", type=int, help="default: the engine's")
     args = parser.parse_args(argv)
+    policy = {
+        name: getattr(args, name) for name in ("itl_target_ms", "prefill_budget", "prefill_chunk") if getattr(args, name) is not None
+    }
 
     SimulatedDeviceStep.timing = (args.decode_ms, tuple(float(x) for x in args.mixed.split(",")))  # type: ignore[assignment]
     worker_module.DeviceStep = SimulatedDeviceStep  # type: ignore[misc,assignment]
     if args.workers == 1:
         shape, seed = parse_random_spec("2x64")
         model = RWKV7.from_state_dict(random_state_dict(shape, seed=seed), torch.device("cpu"), torch.float32, progress=False)
-        backend = AlbatrossRWKV("random:2x64", 1, args.batch, model=model, overlap=True)
+        backend = AlbatrossRWKV("random:2x64", 1, args.batch, model=model, overlap=True, **policy)
     else:  # one simulated device per worker, all on one device clock's timing each
-        backend = AlbatrossRWKV("random:2x64", args.workers, args.batch, device="cpu", overlap=True)
+        backend = AlbatrossRWKV("random:2x64", args.workers, args.batch, device="cpu", overlap=True, **policy)
     workers = [t for t in threading.enumerate() if t.name.startswith("albatross-worker")]
     main_thread = threading.main_thread()
     threads = [*workers, main_thread]
     cpu_before = [_cpu_seconds(t) for t in threads]
     process_before = time.process_time()
+    timings: list[RequestTiming] = []
     try:
-        generated, wall = asyncio.run(_run(backend, args))
+        generated, wall = asyncio.run(_run(backend, args, timings))
         used = [_cpu_seconds(t) - b for t, b in zip(threads, cpu_before)]
         process_cpu = time.process_time() - process_before
         worker_cpu, main_cpu = sum(used[:-1]), used[-1]
-        steps = int(backend.status().get("steps", 0))  # type: ignore[call-overload]  # all workers' steps
+        status = backend.status()
+        steps = int(status.get("steps", 0))  # type: ignore[call-overload]  # all workers' steps
+        budgets = [worker._scheduler.budget.describe() for worker in backend.core.workers]  # the workers' own schedulers
     finally:
         backend.shutdown()
     clock = _DeviceClock(*SimulatedDeviceStep.timing)  # the workers' clocks, summed
@@ -180,6 +204,13 @@ def main(argv: list[str] | None = None) -> None:
     print(f"CPU per step ({steps} steps): worker threads {1000 * worker_cpu / max(steps, 1):.2f} ms, "
           f"caller loop {1000 * main_cpu / max(steps, 1):.2f} ms, process {1000 * process_cpu / max(steps, 1):.2f} ms; idle before decode-only steps "
           f"{clock.idle_by_kind.get('decode', 0.0):.2f} s, before steps with prompt chunks {clock.idle_by_kind.get('mixed', 0.0):.2f} s")  # fmt: skip
+    print(f"prefill policy: itl_target_ms={status.get('itl_target_ms')} prefill_budget={status.get('prefill_budget')} "
+          f"prefill_chunk={status.get('prefill_chunk')}; fit per worker: {budgets}")  # fmt: skip
+    if timings:
+        ttft = percentiles([t.ttft_s for t in timings if t.tokens])
+        itl = percentiles([g for t in timings for g in t.gaps_s])
+        print(f"latency (simulated device, CPU host): TTFT p50 {ttft['p50']:.0f} / p90 {ttft['p90']:.0f} / p99 {ttft['p99']:.0f} ms; "
+              f"inter-token p50 {itl['p50']:.1f} / p90 {itl['p90']:.1f} / p99 {itl['p99']:.1f} ms")  # fmt: skip
 
 
 if __name__ == "__main__":

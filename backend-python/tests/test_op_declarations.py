@@ -77,6 +77,8 @@ def _cases(gen: torch.Generator) -> dict[str, list[tuple[tuple[object, ...], tup
             ((_randn(gen, 3, 2, C), torch.randint(-127, 128, (3, C, 32), generator=gen, dtype=torch.int8),
               torch.rand(3, 32, generator=gen), torch.zeros(4, dtype=torch.int32)), (3,)),
         ],  # fmt: skip
+        "gemv": [((x[:3], _randn(gen, C, 40), torch.zeros(4, dtype=torch.int32)), (2,)),
+                 ((_randn(gen, 3, 2, C), _randn(gen, 3, C, 24), torch.zeros(4, dtype=torch.int32)), (2,))],  # fmt: skip
         "sample": [
             ((logits, torch.tensor([2, 0, 3]), batch.temperature, batch.top_p, batch.top_k, batch.presence, batch.frequency,
               batch.decay, batch.seed32, batch.step, penalties, seen, True), (10, 11)),

@@ -59,6 +59,9 @@ def test_workers_and_batch_accept_their_aliases(strategy: str, workers: int, bat
         "albatross prefill_chunk=0",
         "albatross dtype=fp8",
         "albatross device=tpu",
+        "albatross itl_target_ms=-5",
+        "albatross itl_target_ms=soon",
+        "albatross itl_target_ms=inf",
     ],
 )
 def test_an_invalid_value_or_unknown_key_is_ignored_with_a_warning(strategy: str, caplog: pytest.LogCaptureFixture) -> None:
@@ -82,6 +85,18 @@ def test_optional_device_dtype_and_prefill_settings() -> None:
     assert config.overlap is False
     assert parse_albatross_strategy("albatross device=2").device == "cuda:2", "a bare index names a GPU"
     assert parse_albatross_strategy("albatross device=cpu").device == "cpu"
+
+
+def test_the_inter_token_target_of_the_adaptive_prefill_budget() -> None:
+    assert AlbatrossBackendConfig().itl_target_s == pytest.approx(0.150), "on by default"
+    assert parse_albatross_strategy("albatross itl_target_ms=90.5").itl_target_s == pytest.approx(0.0905)
+    for off in ("0", "off", "OFF", "none"):
+        config = parse_albatross_strategy(f"albatross itl_target_ms={off}")
+        assert config.itl_target_ms == 0 and config.itl_target_s is None, f"{off!r} turns it off"
+    with pytest.raises(ValueError, match="itl_target_ms"):
+        AlbatrossBackendConfig(itl_target_ms=-1.0)
+    with pytest.raises(ValueError, match="itl_target_ms"):
+        AlbatrossBackendConfig(itl_target_ms=float("nan"))
 
 
 def test_a_non_albatross_strategy_is_refused() -> None:

@@ -1,0 +1,163 @@
+"""Chunked WKV prefill (Triton) against the sequential CUDA kernel, one 7.2B layer (64 heads):
+us per call for each case and kernel variant, the final-state and output errors of both against
+a float64 reference (model-range inputs of bench/external/wkv_compare.py), and the switch point
+the measurements imply for `albatross.wkv_dispatch.ChunkedPolicy`.
+
+    python bench/bench_wkv_chunked.py --json out/wkv_chunked.json
+
+Variants: `--blocks` value rows per program (16/32/64), `--precisions` of the products ("ieee":
+fp32 FMA; "tf32x3": three tf32 tensor-core products, about fp32 accuracy), `--warps` per program.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import sys
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent / "external"))
+
+from albatross import cuda_ops
+from albatross.wkv_dispatch import ChunkedPolicy
+from gpu_json import write_gpu_json
+from wkv_compare import make_inputs, parse_cases, reference
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@dataclass(slots=True)
+class Timing:
+    case: str
+    sequences: int
+    length: int
+    state: str
+    kernel: str  # "sequential" or "chunked bv=B prec"
+    us: float
+    mtok_per_s: float
+
+
+@dataclass(slots=True)
+class Accuracy:
+    case: str
+    kernel: str
+    y_rel_rms: float
+    state_max_error: float
+
+
+def _time(fn, iters: int) -> float:
+    fn()  # warm-up (and Triton's compile on the first variant call)
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) * 1000 / iters
+
+
+def _kernels(blocks: list[int], precisions: list[str], warps: list[int]):
+    from albatross.wkv_chunked_triton import wkv7_chunked_triton
+
+    def sequential(state, inputs, lengths):
+        return cuda_ops.wkv7_cuda(state, inputs.slot_idx, inputs.cu_seqlens, inputs.r, inputs.w, inputs.k, inputs.v, inputs.a, inputs.b)
+
+    variants = {"sequential": sequential}
+    for block in blocks:
+        for precision in precisions:
+            for num_warps in warps:
+
+                def chunked(state, inputs, lengths, block=block, precision=precision, num_warps=num_warps):
+                    return wkv7_chunked_triton(
+                        state, inputs.slot_idx, inputs.cu_seqlens, inputs.r, inputs.w, inputs.k, inputs.v, inputs.a, inputs.b,
+                        lengths=lengths, block_values=block, precision=precision, num_warps=num_warps,
+                    )  # fmt: skip
+
+                variants[f"chunked bv={block} w{num_warps} {precision}"] = chunked
+    return variants
+
+
+def recommend(timings: list[Timing], heads: int) -> ChunkedPolicy:
+    """The policy the timings imply: the shortest single-sequence length from which the best
+    chunked variant beats the sequential kernel, and the most sequences x heads it still wins at."""
+    by_case: dict[tuple[int, int, str], dict[str, float]] = {}
+    for t in timings:
+        by_case.setdefault((t.sequences, t.length, t.state), {})[t.kernel] = t.us
+    wins = []
+    for (sequences, length, _), us in by_case.items():
+        best_chunked = min(v for k, v in us.items() if k != "sequential")
+        wins.append((sequences, length, best_chunked < us["sequential"]))
+    single = sorted(length for sequences, length, won in wins if sequences == 1 and won and length > 1)
+    losing_single = [length for sequences, length, won in wins if sequences == 1 and not won and length > 1]
+    min_tokens = max(2, single[0] if single else max(losing_single, default=1) * 2)
+    won_heads = [sequences * heads for sequences, length, won in wins if won and length >= min_tokens]
+    return ChunkedPolicy(min_tokens=min_tokens, max_long_heads=max(won_heads, default=heads))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--cases", default="1x16,1x17,1x64,1x256,1x1024,1x4096,1x4097,4x1024,16x2048,64x512")
+    parser.add_argument("--accuracy-cases", default="1x4096,64x512,16x2048", help="also measured against float64")
+    parser.add_argument("--heads", type=int, default=64)
+    parser.add_argument("--state-dtypes", default="fp32,fp16")
+    parser.add_argument("--blocks", default="16,32,64")
+    parser.add_argument("--precisions", default="ieee,tf32x3")
+    parser.add_argument("--warps", default="8", help="num_warps of the scan kernel, e.g. 8,4 (8: no register spills at bv <= 32)")
+    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--json", type=Path)
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        raise SystemExit("bench_wkv_chunked needs a CUDA GPU")
+    loaded = cuda_ops.enable_cuda_kernels()["wkv7"]
+    if loaded.how not in ("prebuilt", "jit"):
+        raise SystemExit(f"the WKV kernel did not load: {loaded.describe()}")
+    variants = _kernels([int(b) for b in args.blocks.split(",")], args.precisions.split(","), [int(w) for w in args.warps.split(",")])
+    timings: list[Timing] = []
+    accuracy: list[Accuracy] = []
+    for state_name in args.state_dtypes.split(","):
+        for case in parse_cases(args.cases, args.heads):
+            inputs = make_inputs(case, "cuda", seed=case.tokens)
+            state = inputs.state0.to(DTYPES[state_name])
+            lengths = [case.length] * case.sequences
+            for name, fn in variants.items():
+                us = _time(functools.partial(fn, state, inputs, lengths), args.iters)
+                timings.append(Timing(case.label, case.sequences, case.length, state_name, name, us, case.tokens / us))
+                print(asdict(timings[-1]), flush=True)
+            del inputs, state
+            torch.cuda.empty_cache()
+    for case in parse_cases(args.accuracy_cases, args.heads) if args.accuracy_cases else []:
+        inputs = make_inputs(case, "cuda", seed=case.tokens + 1)
+        y_ref, state_ref = reference(inputs, case)
+        lengths = [case.length] * case.sequences
+        for name, fn in variants.items():
+            state = inputs.state0.clone()
+            y = fn(state, inputs, lengths).double()
+            rms = ((y - y_ref).norm() / y_ref.norm()).item()
+            accuracy.append(Accuracy(case.label, name, rms, (state.double() - state_ref).abs().max().item()))
+            print(asdict(accuracy[-1]), flush=True)
+        del inputs
+        torch.cuda.empty_cache()
+
+    policy = recommend(timings, args.heads)
+    print(f"\n{torch.cuda.get_device_name()} | torch {torch.__version__} | {args.heads} heads, fp16 activations")
+    print(f"{'case':<18}{'state':>6}  {'kernel':<28}{'us':>10}{'Mtok/s':>9}")
+    for t in timings:
+        print(f"{t.case:<18}{t.state:>6}  {t.kernel:<28}{t.us:>10.1f}{t.mtok_per_s:>9.2f}")
+    print(f"\n{'case':<18}  {'kernel':<28}{'y rel RMS':>11}{'state max err':>15}")
+    for a in accuracy:
+        print(f"{a.case:<18}  {a.kernel:<28}{a.y_rel_rms:>11.2e}{a.state_max_error:>15.2e}")
+    print(f"\nimplied policy: ChunkedPolicy(min_tokens={policy.min_tokens}, max_long_heads={policy.max_long_heads})")
+    if args.json:
+        write_gpu_json(
+            args.json, heads=args.heads, timings=[asdict(t) for t in timings], accuracy=[asdict(a) for a in accuracy],
+            implied_policy={"min_tokens": policy.min_tokens, "max_long_heads": policy.max_long_heads},
+        )  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# One device call for the HTTP comparisons: write the 7.2B random weights with the impossible ids
+# once, then bench/side_by_side.py serves them from each server in turn and runs the same loads.
+#   SERVERS=albatross,classic RATES_FOR=classic=1,2 OUT=/tmp/out bash backend-python/bench/side_by_side_gpu_session.sh
+#       (the request-rate table: Albatross against the classic backend)
+#   SERVERS=albatross,runner,lightning OUT=/tmp/out bash backend-python/bench/side_by_side_gpu_session.sh
+#       (the peers: .peers/RWKV-Runner and .peers/rwkv_lightning carried, with their dependencies)
+# From the repository root, with the wheels of fastapi & co. carried in .whl/ (the GPU image has
+# no fastapi). Knobs: SHAPE (7.2b), RATES (4,16,64), BURST (960), DURATION (15), DRAIN (45),
+# WEIGHTS (an existing file instead of writing one), ARGS (more side_by_side.py flags).
+set -uo pipefail
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+cd backend-python
+export PYTHONUNBUFFERED=1 RWKV_V7_ON=1
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/log.txt"
+SHAPE=${SHAPE:-7.2b}
+WEIGHTS=${WEIGHTS:-/tmp/weights/rwkv7-$SHAPE-safe.pth}
+if [ ! -f "$WEIGHTS" ]; then
+  time python3 -m albatross.random_checkpoint --shape "$SHAPE" --dtype fp16 --device cuda \
+      --impossible-ids 0,65530-65535 --output "$WEIGHTS" 2>&1 | tee -a "$OUT/log.txt"
+fi
+rates_for=""
+for item in ${RATES_FOR:-}; do rates_for="$rates_for --rates-for $item"; done
+timeout "${TIMEOUT:-560}" python3 bench/side_by_side.py --weights "$WEIGHTS" --servers "${SERVERS:-albatross,runner,lightning}" \
+    --rates "${RATES:-4,16,64}" --burst "${BURST:-960}" --duration "${DURATION:-15}" --drain "${DRAIN:-45}" $rates_for \
+    --out "$OUT" ${ARGS:-} 2>&1 | tee -a "$OUT/log.txt" | grep -v "^{" | tail -80
+python3 bench/plot_request_rate.py "$OUT/side_by_side.json" --output "$OUT" 2>&1 | tee -a "$OUT/log.txt" \
+    || echo "no plots here (matplotlib?): run bench/plot_request_rate.py on the JSON elsewhere" | tee -a "$OUT/log.txt"

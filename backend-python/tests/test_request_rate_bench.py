@@ -1,0 +1,85 @@
+"""The request-rate benchmark's pieces that need no server: the request pool and its stated
+length mix, Poisson arrivals, what each server dialect sends, the per-rate summary, the plots."""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+import plot_request_rate
+import request_rate_benchmark as rate_bench
+
+
+def test_pool_has_the_stated_mix_and_is_the_same_every_time() -> None:
+    pool = rate_bench.request_pool()
+    assert len(pool) == rate_bench.POOL_SIZE == 1200
+    counts = {c.name: sum(1 for r in pool if r.kind == c.name) for c in rate_bench.LENGTH_MIX}
+    assert counts == {"chat turn": 600, "long context": 360, "generation": 240}
+    for request in pool:
+        kind = next(c for c in rate_bench.LENGTH_MIX if c.name == request.kind)
+        assert kind.prompt_words[0] <= request.prompt_words <= kind.prompt_words[1]
+        assert kind.max_tokens[0] <= request.max_tokens <= kind.max_tokens[1]
+    assert pool == rate_bench.request_pool()
+    assert len(rate_bench.prompt_text(pool[0]).split()) == pool[0].prompt_words
+
+
+def test_poisson_arrivals_have_the_rate_as_mean_gap() -> None:
+    times = rate_bench.poisson_arrivals(4000, rate=8.0, seed=1)
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    assert times[0] == 0.0 and all(g > 0 for g in gaps)
+    assert statistics.mean(gaps) == pytest.approx(1 / 8, rel=0.05)
+    assert statistics.stdev(gaps) == pytest.approx(1 / 8, rel=0.1)  # exponential: sd == mean
+
+
+def test_each_dialect_sends_streaming_requests_with_stops_off() -> None:
+    request = rate_bench.request_pool(10)[0]
+    ours_path, ours = rate_bench.DIALECTS["albatross"](request, 1.0)
+    assert ours_path == "/v1/chat/completions" and ours["stop"] == [] and ours["stop_token_ids"] == []
+    lightning_path, lightning = rate_bench.DIALECTS["lightning"](request, 1.0)
+    assert lightning_path == "/openai/v1/chat/completions" and lightning["stop_tokens"] == []
+    runner_path, runner = rate_bench.DIALECTS["runner"](request, 1.0)
+    assert runner_path == "/v1/chat/completions"
+    for body in (ours, lightning, runner):
+        assert body["stream"] is True and body["max_tokens"] == request.max_tokens
+
+
+def test_summary_counts_outcomes_and_takes_nearest_rank_quantiles() -> None:
+    Outcome = rate_bench.Outcome
+    done = [Outcome(i, "chat turn", i * 0.5, 0.0, 200, True, "", True, 0.1 * (i + 1), 1.0 + i, 10, 10, [0.02] * 9) for i in range(4)]
+    rejected = Outcome(4, "chat turn", 2.0, 0.0, 429, False, "queue full", True)
+    open_stream = Outcome(5, "generation", 2.5, 0.0)
+    summary = rate_bench.summarize(2.0, [*done, rejected, open_stream], requests=6, procs=1)
+    assert (summary.completed, summary.failed, summary.rejected, summary.unfinished) == (4, 1, 1, 1)
+    assert summary.output_tokens == summary.expected_tokens == 40
+    assert summary.ttft_ms["p50"] == pytest.approx(200.0) and summary.ttft_ms["p99"] == pytest.approx(400.0)
+    assert summary.itl_ms["p50"] == pytest.approx(20.0)
+    assert summary.wall_s == pytest.approx(1.5 + 4.0)  # first arrival 0 to the last token at 1.5 + 4.0
+    assert math.isnan(rate_bench.quantiles([])["p50"])
+
+
+def test_client_processes_grow_with_the_token_rate() -> None:
+    assert rate_bench.client_processes(1, 200, 0) == 1
+    assert rate_bench.client_processes(64, 250, 0) == 4
+    assert rate_bench.client_processes(64, 250, 8) == 8
+
+
+def test_plots_are_written_from_the_json(tmp_path: Path) -> None:
+    def run(label: str, scale: float) -> dict:
+        rates = []
+        for rate in (1, 2, 4):
+            q = {"p50": 100.0 * rate * scale, "p99": 300.0 * rate * scale}
+            rates.append({"rate": rate, "output_tokens_per_s": 100.0 * rate, "e2e_ms": q, "ttft_ms": q, "itl_ms": q})
+        return {"label": label, "length_mix": rate_bench.describe_mix(), "rates": rates}
+
+    (tmp_path / "a.json").write_text(json.dumps(run("albatross", 1.0)))
+    (tmp_path / "b.json").write_text(json.dumps({"servers": [run("classic", 3.0)]}))
+    plot_request_rate.main([str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--output", str(tmp_path / "img")])
+    for name in ("request_rate_latency.png", "request_rate_throughput.png"):
+        assert (tmp_path / "img" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

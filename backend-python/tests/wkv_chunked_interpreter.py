@@ -1,0 +1,86 @@
+"""Runs the chunked WKV Triton kernels under Triton's CPU interpreter against their torch twin
+and prints one JSON line per case (test_wkv_chunked.py starts it in a child process, because
+TRITON_INTERPRET must be set before the kernels are decorated).
+
+    TRITON_INTERPRET=1 python tests/wkv_chunked_interpreter.py
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+import triton.runtime.interpreter as interpreter
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import torch
+
+from albatross.wkv_chunked import wkv7_chunked_torch
+from wkv_reference import flat_batch_args, wkv_inputs
+
+assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
+
+# Triton 3.6's interpreter turns loop bounds into ints with int() on a one-element array, which
+# NumPy 2 refuses; take the element instead (the kernels' scalar loads are such arrays here).
+_patch_lang_tensor = interpreter._patch_lang_tensor
+
+
+def _patch_with_scalar_index(tensor: object, scope: object) -> None:
+    _patch_lang_tensor(tensor, scope)
+    scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))  # type: ignore[attr-defined]
+
+
+interpreter._patch_lang_tensor = _patch_with_scalar_index
+
+from albatross.wkv_chunked_triton import wkv7_chunked_triton
+
+DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+
+# (name, lengths, heads, activations, state, value block, log-decay scale or None, strided rows)
+CASES = [
+    ("one token", [1], 1, "fp32", "fp32", 16, None, False),
+    ("one chunk exactly", [16], 2, "fp32", "fp32", 32, None, False),
+    ("one past a chunk", [17], 1, "fp32", "fp32", 64, None, False),
+    ("mixed slots, an empty one", [5, 1, 130, 0, 17], 2, "fp16", "fp32", 16, None, False),
+    ("fp16 state", [33, 2], 1, "fp16", "fp16", 32, None, False),
+    ("bf16 state", [40], 1, "bf16", "bf16", 16, None, False),
+    ("strided rows", [20, 9], 1, "fp16", "fp32", 16, None, True),
+    ("decays outside the model's range", [40, 3], 1, "fp32", "fp32", 64, 3.0, False),
+    ("257 tokens", [257], 1, "fp16", "fp32", 64, None, False),  # 4,097 runs on the GPU (test_wkv_chunked_cuda.py)
+]
+
+
+def run_case(name: str, lengths: list[int], heads: int, act: str, state_dtype: str, block: int, scale: float | None, strided: bool) -> dict:
+    gen = torch.Generator().manual_seed(len(name))
+    inputs = wkv_inputs(lengths, heads, DTYPES[act], gen, log_decay_scale=scale)
+    if strided:  # rows of a wider tensor, as the r/k/v views of one bmm output are
+        inputs = [torch.cat([x, torch.zeros_like(x)], dim=1)[:, : x.shape[1]] for x in inputs]
+    pool = len(lengths) + 2
+    slot_idx, cu = flat_batch_args(lengths, pool, gen)
+    state = (torch.randn(pool, heads, 64, 64, generator=gen) * 0.3).to(DTYPES[state_dtype])
+    twin_state = state.clone()
+    twin_y = wkv7_chunked_torch(twin_state, slot_idx, cu, *inputs)
+    kernel_state = state.clone()
+    kernel_y = wkv7_chunked_triton(kernel_state, slot_idx, cu, *inputs, lengths=lengths, block_values=block)
+    untouched = [s for s in range(pool) if s not in slot_idx.tolist()]
+    return {
+        "case": name,
+        "act_dtype": act,
+        "state_dtype": state_dtype,
+        "y_diff": (kernel_y.double() - twin_y.double()).abs().max().item(),
+        "y_scale": twin_y.double().abs().max().item(),
+        "state_diff": (kernel_state.double() - twin_state.double()).abs().max().item(),
+        "state_scale": twin_state.double().abs().max().item(),
+        "untouched_equal": bool(torch.equal(kernel_state[untouched], state[untouched])),
+        "finite": bool(torch.isfinite(kernel_y).all() and torch.isfinite(kernel_state).all()),
+    }
+
+
+if __name__ == "__main__":
+    for case in CASES:
+        print(json.dumps(run_case(*case)), flush=True)
