@@ -2,10 +2,11 @@
 plugs in. A weight is a float tensor (fp16/bf16/fp32) or an object that multiplies itself
 (`Int8Weight.mm`: int8 with per-channel scales, albatross/quant.py).
 
-A float product with 1-4 rows of fp16/bf16 on a GPU whose kernel library is loaded takes the
-`gemv` op (the split-K kernel of `albatross/cuda/gemv.cu`; its twin is `x @ W`, `ops.gemv_torch`);
-any other takes torch's product (cuBLAS on a GPU). At batch 1 a decode step streams every weight
-once: cuBLAS reads them at ~2.8 TB/s on the H200, the GEMV kernel is built to read at the copy rate.
+A float product with 1-4 rows of fp16/bf16 on a GPU whose kernel library is loaded can take the
+`gemv` op (the split-K kernel of `albatross/cuda/gemv.cu`; its twin is `x @ W`, `ops.gemv_torch`)
+when `set_gemv_allowed(True)`; any other takes torch's product (cuBLAS on a GPU). The kernel is off
+by default: on the H200 cuBLAS read the 7.2B decode weights at 3.5-4.5 TB/s, faster than the
+kernel at every shape and row count measured (docs/performance.md, "Split-K GEMV").
 
 `mm` and `bmm` are the only places the model multiplies by a weight matrix, so a new format (or
 a faster kernel for one) changes nothing in the model.
@@ -29,7 +30,8 @@ _COUNTER_SLOTS = 1 << 16  # per device: one int32 per (matrix, column tile) of a
 
 _counters: dict[int, torch.Tensor] = {}
 _counters_lock = threading.Lock()
-_gemv_allowed = True  # benchmarks switch the float GEMV off to compare against cuBLAS
+GEMV_BY_DEFAULT = False  # measured slower than cuBLAS (docs/performance.md, "Split-K GEMV")
+_gemv_allowed = GEMV_BY_DEFAULT  # benchmarks and tests switch the float GEMV on to compare
 _gemv_loaded = False  # latched once the gemv library has registered the op's CUDA kernel
 
 
@@ -48,7 +50,7 @@ def counters(device: torch.device) -> torch.Tensor:
 
 
 def set_gemv_allowed(allowed: bool) -> None:
-    """Let few-row float products take the GEMV kernel (the default) or keep them on cuBLAS."""
+    """Let few-row float products take the GEMV kernel, or keep them on cuBLAS (the default)."""
     global _gemv_allowed
     _gemv_allowed = allowed
 

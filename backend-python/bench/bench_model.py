@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> None:
                     results.append(result)
                     print(asdict(result), flush=True)
                 del runner
-                linear.set_gemv_allowed(True)
+                linear.set_gemv_allowed(linear.GEMV_BY_DEFAULT)
             for batch in [int(b) for b in args.profile_batches.split(",") if b]:
                 print(f"\n== profile: eager decode + sampling, batch {batch}, {args.shape}\n{profile_decode(model, pool, batch)}", flush=True)
             for spec in [s for s in args.profile_prefill.split(",") if s]:

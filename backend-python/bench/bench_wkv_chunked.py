@@ -22,7 +22,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "external"))
 
-from albatross import cuda_ops
+from albatross import cuda_ops, ops
 from albatross.wkv_dispatch import ChunkedPolicy
 from gpu_json import write_gpu_json
 from wkv_compare import make_inputs, parse_cases, reference
@@ -65,7 +65,7 @@ def _kernels(blocks: list[int], precisions: list[str], warps: list[int]):
     from albatross.wkv_chunked_triton import wkv7_chunked_triton
 
     def sequential(state, inputs, lengths):
-        return cuda_ops.wkv7_cuda(state, inputs.slot_idx, inputs.cu_seqlens, inputs.r, inputs.w, inputs.k, inputs.v, inputs.a, inputs.b)
+        return ops.wkv7(state, inputs.slot_idx, inputs.cu_seqlens, inputs.r, inputs.w, inputs.k, inputs.v, inputs.a, inputs.b)
 
     variants = {"sequential": sequential}
     for block in blocks:

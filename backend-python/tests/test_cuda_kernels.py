@@ -392,6 +392,10 @@ def _every_op_inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:
     named["shift"] = torch.randn(6, C, generator=gen, device="cuda").half()
     named["state"] = (torch.randn(6, 2, N, N, generator=gen, device="cuda") * 0.1).half()
     named["slot_idx"] = torch.tensor([4, 0, 2], dtype=torch.int32, device="cuda")
+    named["matrix"] = (torch.randn(C, 264, generator=gen, device="cuda") * 0.1).half()  # the few-row products: gemv, int8_gemv
+    named["q"] = torch.randint(-127, 128, (C, 264), generator=gen, device="cuda", dtype=torch.int32).to(torch.int8)
+    named["scale"] = torch.rand(264, generator=gen, device="cuda") * 0.01
+    named["counters"] = torch.zeros(1 << 16, dtype=torch.int32, device="cuda")
     named["cu_seqlens"] = torch.tensor([0, 1, 3, 4], dtype=torch.int32, device="cuda")
     named["decode_cu"] = torch.arange(4, dtype=torch.int32, device="cuda")
     named["logits"] = torch.randn(3, vocab, generator=gen, device="cuda") * 3
@@ -414,7 +418,9 @@ def _run_every_op(t: dict[str, torch.Tensor], batch: sampler.SamplingBatch, call
     out.append(ops.relu_square(t["delta"]))
     pool = sampler.PenaltyPool.wrap(t["penalties"], t["seen"])
     out.append(ops.sample(t["logits"] + y[:3, :1].float(), t["slot_idx"].long(), batch, pool))
-    called.update({"add_layer_norm", "shift_mix", "wkv_prep", "wkv7", "gn_bonus_gate", "relu_square", "sample"})
+    out.append(ops.gemv(t["x"][:3], t["matrix"], t["counters"]))
+    out.append(ops.int8_gemv(t["x"][:3], t["q"], t["scale"], t["counters"]))
+    called.update({"add_layer_norm", "shift_mix", "wkv_prep", "wkv7", "gn_bonus_gate", "relu_square", "sample", "gemv", "int8_gemv"})
     return out
 
 

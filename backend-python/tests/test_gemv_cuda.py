@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pytest
 import torch
 
@@ -15,10 +17,15 @@ TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # relative to the lar
 
 
 @pytest.fixture(scope="module", autouse=True)
-def kernels() -> None:
+def kernels() -> Iterator[None]:
     results = cuda_ops.enable_cuda_kernels()
     assert results["gemv"].how in ("prebuilt", "jit"), results["gemv"].describe()
-    assert linear.gemv_enabled()
+    linear.set_gemv_allowed(True)  # off by default (cuBLAS measured faster); these tests exercise it
+    try:
+        assert linear.gemv_enabled()
+        yield
+    finally:
+        linear.set_gemv_allowed(linear.GEMV_BY_DEFAULT)
 
 
 def _operands(rows: int, K: int, N: int, dtype: torch.dtype, seed: int, batch: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
@@ -125,7 +132,7 @@ def test_decode_through_the_gemv_matches_cublas() -> None:
             prompt = model.forward(pool, [0, 2], [[11, 12, 13, 14, 15, 16], [7, 8]])
             steps = [model.forward(pool, [0, 2], [[21 + i], [31 + i]]) for i in range(4)]
         finally:
-            linear.set_gemv_allowed(True)
+            linear.set_gemv_allowed(True)  # the module fixture's setting
         outputs.append((prompt, steps))
     (_, with_gemv), (_, with_cublas) = outputs
     for got, expected in zip(with_gemv, with_cublas):

@@ -31,9 +31,11 @@ def test_the_gemv_op_on_the_cpu_is_its_twin() -> None:
 def test_the_kernel_is_taken_only_when_loaded_and_allowed() -> None:
     """On the CPU no library registers the op's CUDA kernel, so nothing takes it even when allowed."""
     loaded = "gemv" in ops.registered_cuda_ops()
-    assert linear.gemv_enabled() == loaded
-    linear.set_gemv_allowed(False)
+    assert linear.gemv_enabled() == (loaded and linear.GEMV_BY_DEFAULT)
     try:
+        linear.set_gemv_allowed(True)
+        assert linear.gemv_enabled() == loaded
+        linear.set_gemv_allowed(False)
         assert not linear.gemv_enabled()
     finally:
-        linear.set_gemv_allowed(True)
+        linear.set_gemv_allowed(linear.GEMV_BY_DEFAULT)

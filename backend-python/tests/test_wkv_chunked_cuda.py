@@ -8,7 +8,7 @@ import importlib.util
 import pytest
 import torch
 
-from albatross import cuda_ops, wkv_dispatch
+from albatross import cuda_ops, ops, wkv_dispatch
 from albatross.random_checkpoint import CheckpointShape, random_state_dict
 from albatross.wkv_chunked import wkv7_chunked_torch
 from wkv_reference import flat_batch_args, wkv7_float64, wkv_inputs
@@ -84,7 +84,7 @@ def test_chunked_kernel_is_as_accurate_as_the_sequential_kernel(lengths: list[in
     state, slot_idx, cu, inputs, _, (_, chunked) = _run(lengths, 4, torch.float16, torch.float32, 16)
     _, reference = wkv7_float64(state, slot_idx, cu, *inputs)
     sequential = state.clone()
-    cuda_ops.wkv7_cuda(sequential, slot_idx, cu, *inputs)
+    ops.wkv7(sequential, slot_idx, cu, *inputs)
     seq_error = (sequential[slot_idx.long()].double() - reference).abs().max().item()
     chunked_error = (chunked[slot_idx.long()].double() - reference).abs().max().item()
     assert chunked_error <= 2 * seq_error, f"chunked {chunked_error:.2e}, sequential {seq_error:.2e}"
