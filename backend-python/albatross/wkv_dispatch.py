@@ -28,8 +28,11 @@ class ChunkedPolicy:
     the sequential kernel's grid fills the GPU and its lower arithmetic wins). `enabled=False`
     always takes the sequential kernel."""
 
+    # Measured on the H200 (docs/performance.md, "Chunked WKV prefill"): the chunked kernel wins
+    # for one long slot (1x1024: 0.61 against 0.95 ms a layer, 1x4096: 2.4 against 3.8) and loses
+    # from four (4x1024: 1.75 against 0.98), so only one slot's heads may run chunked.
     min_tokens: int = 256
-    max_long_heads: int = 1024
+    max_long_heads: int = 64
     enabled: bool = True
 
     def __post_init__(self) -> None:
@@ -43,7 +46,8 @@ class ChunkedPolicy:
         return long_slots * heads <= self.max_long_heads
 
 
-POLICY = ChunkedPolicy()
+DEFAULT_POLICY = ChunkedPolicy()
+POLICY = DEFAULT_POLICY  # benchmarks replace it to compare the kernels
 
 _chunked: Any = None  # the Triton module once imported; False when it cannot be
 _offsets_cache: tuple[ops.FlatBatch, torch.Tensor] | None = None  # one batch's chunk offsets, reused by every layer

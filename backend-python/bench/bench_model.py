@@ -238,7 +238,7 @@ def main(argv: list[str] | None = None) -> None:
                     result.note += ", chunked WKV where the policy says" if chunked else ", sequential WKV"
                     results.append(result)
                     print(asdict(result), flush=True)
-            wkv_dispatch.POLICY = wkv_dispatch.ChunkedPolicy()
+            wkv_dispatch.POLICY = wkv_dispatch.DEFAULT_POLICY
             for gemv in _switch(args.gemv) if graph_batches else ():
                 linear.set_gemv_allowed(gemv)  # captured into the graphs below
                 runner = DecodeGraphRunner(model, pool, scratch_slot=pool.batch_size - 1, buckets=graph_batches)

@@ -392,9 +392,9 @@ def _every_op_inputs(gen: torch.Generator) -> dict[str, torch.Tensor]:
     named["shift"] = torch.randn(6, C, generator=gen, device="cuda").half()
     named["state"] = (torch.randn(6, 2, N, N, generator=gen, device="cuda") * 0.1).half()
     named["slot_idx"] = torch.tensor([4, 0, 2], dtype=torch.int32, device="cuda")
-    named["matrix"] = (torch.randn(C, 264, generator=gen, device="cuda") * 0.1).half()  # the few-row products: gemv, int8_gemv
-    named["q"] = torch.randint(-127, 128, (C, 264), generator=gen, device="cuda", dtype=torch.int32).to(torch.int8)
-    named["scale"] = torch.rand(264, generator=gen, device="cuda") * 0.01
+    named["matrix"] = (torch.randn(C, 272, generator=gen, device="cuda") * 0.1).half()  # the few-row products: gemv, int8_gemv
+    named["q"] = torch.randint(-127, 128, (C, 272), generator=gen, device="cuda", dtype=torch.int32).to(torch.int8)
+    named["scale"] = torch.rand(272, generator=gen, device="cuda") * 0.01
     named["counters"] = torch.zeros(1 << 16, dtype=torch.int32, device="cuda")
     named["cu_seqlens"] = torch.tensor([0, 1, 3, 4], dtype=torch.int32, device="cuda")
     named["decode_cu"] = torch.arange(4, dtype=torch.int32, device="cuda")
