@@ -124,3 +124,12 @@ def test_triton_kernels_match_their_twin_in_the_interpreter() -> None:
         assert result["finite"] and result["untouched_equal"], result
         assert result["y_diff"] <= tolerance[result["act_dtype"]] * max(1.0, result["y_scale"]), result
         assert result["state_diff"] <= tolerance[result["state_dtype"]] * max(1.0, result["state_scale"]), result
+
+
+def test_the_default_policy_chunks_one_long_slot_only() -> None:
+    """The H200 measurement behind the default: one slot of 256+ tokens wins, four of 1,024 lose."""
+    policy = wkv_dispatch.DEFAULT_POLICY
+    assert policy.prefers_chunked((4096,), heads=64)
+    assert policy.prefers_chunked((1024, 1, 1), heads=64)  # decode rows ride along
+    assert not policy.prefers_chunked((1024,) * 4, heads=64)
+    assert not policy.prefers_chunked((200,), heads=64)
