@@ -160,6 +160,13 @@ def _time(fn: Callable[[], object], reps: int) -> float:
 def _external_int8() -> dict[str, Callable[[torch.Tensor, torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]]:
     """Other libraries' W8A16 products, when installed: name -> (weight [in, out] fp16) -> (x -> y)."""
     found: dict[str, Callable[[torch.Tensor, torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]] = {}
+
+    def torch_int8pack(weight: torch.Tensor, scale: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+        q = quantize(weight).q.t().contiguous()  # [out, in] int8, torch's layout
+        half_scale = scale.to(weight.dtype)
+        return lambda x: torch._weight_int8pack_mm(x, q, half_scale)
+
+    found["torch _weight_int8pack_mm"] = torch_int8pack  # a row that fails says so (no CUDA kernel in a build)
     try:
         from torchao.quantization import Int8WeightOnlyConfig, quantize_  # type: ignore[import-not-found]
 
