@@ -198,6 +198,10 @@ class TokenMatcher:
         """Drop the matcher's state; the object is unusable afterwards. Idempotent."""
         self._matcher = None
 
+    @property
+    def freed(self) -> bool:
+        return self._matcher is None
+
 
 def _check_row(row: np.ndarray) -> None:
     if row.dtype != np.int32 or row.shape != (MASK_WORDS,) or not row.flags["C_CONTIGUOUS"] or not row.flags["WRITEABLE"]:
@@ -226,6 +230,14 @@ class ConstraintCompiler:
         self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
+
+    def cached_grammar(self, grammar_text: str) -> CompiledGrammar | None:
+        """The compiled grammar if it is cached (marked as just used), else None; never compiles."""
+        with self._lock:
+            cached = self._cache.get(grammar_text)
+            if cached is not None:
+                self._cache.move_to_end(grammar_text)
+            return cached
 
     def compile(self, grammar_text: str) -> CompiledGrammar:
         with self._lock:

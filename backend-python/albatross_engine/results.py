@@ -1,8 +1,9 @@
 """The host work of an issued step: its sampled ids become each task's next event.
 
 Wait for the ids (the one sync per step); then per sampling row, in plan order: count the token,
-decide with `albatross.stopping` whether it ends the task, attach logprobs when asked, and queue
-the event (or finish the task). A row of a task that already finished (aborted, failed, or done
+advance the task's grammar matcher (a token the grammar refuses fails the task), decide with
+`albatross.stopping` whether it ends the task (a grammar with nothing left to match ends it with
+"stop"), attach logprobs when asked, and queue the event (or finish the task). A row of a task that already finished (aborted, failed, or done
 one step earlier under overlap) is skipped: its sample is dropped and not counted.
 """
 
@@ -11,6 +12,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from albatross.constraints import ConstraintError
 from albatross.sampler import TopLogprobs
 from albatross.stopping import accept_token
 from albatross.tokenizer import Tokenizer
@@ -64,7 +66,13 @@ class ResultProcessor:
         assert task.text_stream is not None
         task.completion_tokens += 1
         sampling = task.sampling
-        text, reason, stop_token = accept_token(task.text_stream, token, sampling.stop_token_ids, task.completion_tokens, sampling.max_tokens)
+        matcher = task.matcher
+        if matcher is not None and not matcher.advance(token):
+            raise ConstraintError(f"the output grammar refused the sampled token {token}: {matcher.error()}")
+        complete = matcher is not None and matcher.is_terminated()
+        text, reason, stop_token = accept_token(
+            task.text_stream, token, sampling.stop_token_ids, task.completion_tokens, sampling.max_tokens, complete
+        )
         event = task.event(text, [] if stop_token else [token])
         if issued.logprobs is not None and sample_row in issued.logprob_rows:
             event.logprobs = [self._logprob(task, token, issued.logprobs, issued.logprob_rows[sample_row])]

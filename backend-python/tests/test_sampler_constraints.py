@@ -153,10 +153,15 @@ def test_penalties_still_apply_inside_the_mask() -> None:
     assert (first, second) == (10, 20), "the penalised id 10 (5 - 2 < 4) gives way to id 20"
 
 
-def test_a_mask_that_allows_nothing_is_refused() -> None:
-    batch = SamplingBatch.from_params([PLAIN, PLAIN], [1, 2], [0, 0], allowed=_allowed([set(), None]))
-    with pytest.raises(ValueError, match=r"rows \[0\]"):
-        sample(torch.zeros(2, VOCAB), torch.arange(2), batch, PenaltyPool(2, VOCAB))
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_mask_that_allows_nothing_gives_the_end_of_text_id(temperature: float) -> None:
+    """The sampler cannot raise on the device; it gives id 0, which the row's grammar then refuses."""
+    logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(4))
+    logits[:, 0] = -50.0
+    batch = SamplingBatch.from_params([replace(PLAIN, temperature=temperature)] * 2, [1, 2], [0, 0], allowed=_allowed([set(), None]))
+    ids = sample(logits, torch.arange(2), batch, PenaltyPool(2, VOCAB)).tolist()
+    assert ids[0] == 0
+    assert ids[1] != 0, "the unconstrained row is not affected"
 
 
 def test_unpacking_puts_id_t_at_bit_t_mod_32_of_word_t_div_32() -> None:
