@@ -5,11 +5,14 @@ overlap), the grammar's end and max_tokens, and no matcher outliving its request
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
+import torch
 from fastapi.testclient import TestClient
 
 from albatross.constraints import CompiledGrammar, ConstraintCompiler, TokenMatcher, json_schema_grammar
@@ -109,6 +112,20 @@ def test_unconstrained_requests_are_token_for_token_the_same_next_to_masked_rows
     assert [token_ids(events) for events in mixed[0::2]] == alone
     assert [token_ids(events) for events in mixed[1::2]] == constrained_alone, "seeded constrained rows do not depend on their batch either"
     assert engine.status()["masked_samples_total"] > 0
+
+
+def test_overlap_changes_no_output_of_a_mixed_batch(tiny_checkpoint: Path) -> None:
+    """With overlap, step N+1 is issued before step N's tokens advance the matchers; its masked rows
+    still sample under the masks of the right position."""
+    requests = [request for n in range(3) for request in (free_request(n), constrained_request(n))]
+    outputs = []
+    for overlap in (False, True):
+        backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=8, device="cpu", overlap=overlap)
+        try:
+            outputs.append([token_ids(events) for events in collect(backend, requests)])
+        finally:
+            backend.shutdown()
+    assert outputs[1] == outputs[0]
 
 
 def test_a_grammar_that_is_complete_stops_and_max_tokens_cuts_with_length(engine: AlbatrossRWKV) -> None:
@@ -224,3 +241,39 @@ def test_the_first_request_of_a_new_schema_compiles_it_once(tiny_checkpoint: Pat
     assert compiler.cached_grammar(text) is None
     compiled = compiler.compile(text)
     assert compiler.cached_grammar(text) is compiled and compiler.compile(text) is compiled
+
+
+# ---------------------------------------------------------------------------- on the GPU
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_on_the_gpu_masked_rows_validate_and_free_rows_are_untouched() -> None:
+    """CUDA kernels, decode graphs and overlap: the masked rows' answers validate, and greedy free
+    rows are token for token what they are alone (the weights of tests/test_engine_cuda.py, whose
+    greedy margins stay far above fp16 rounding)."""
+    from albatross import cuda_ops
+    from albatross.model import RWKV7
+    from albatross.random_checkpoint import CheckpointShape, random_state_dict
+
+    cuda_ops.enable_cuda_kernels()
+    model = RWKV7.from_state_dict(random_state_dict(CheckpointShape(n_layer=4, n_embd=256), seed=3, device="cuda"), "cuda", torch.float16, progress=False)
+    backend = AlbatrossRWKV("gpu-structured", batch_size=16, model=model, device="cuda")
+    try:
+        assert backend.core.workers[0].overlap
+        greedy = SamplingParams(max_tokens=24, temperature=0.0, presence_penalty=0.0, frequency_penalty=0.0)
+        free = [GenerationRequest([10 + n, 20, 30 + n], greedy) for n in range(6)]
+        schemas = list(SCHEMAS.values())
+        constrained = [
+            GenerationRequest([40 + n, 50], SamplingParams(max_tokens=200, temperature=1.0, top_p=0.9, seed=n), constraint=grammar_of(schemas[n % len(schemas)]))
+            for n in range(9)
+        ]
+        alone = [token_ids(events) for events in collect(backend, free)]
+        mixed = collect(backend, [*free, *constrained])
+        assert [token_ids(events) for events in mixed[: len(free)]] == alone
+        for n, events in enumerate(mixed[len(free) :]):
+            assert events[-1].finish_reason == "stop", events[-1]
+            jsonschema.validate(json.loads("".join(e.text for e in events)), schemas[n % len(schemas)])
+        assert backend.status()["masked_samples_total"] > 0
+    finally:
+        backend.shutdown()
