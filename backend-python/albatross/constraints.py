@@ -10,7 +10,8 @@ the device with the step; the classic backend a small array).
   the same `CompiledGrammar` for the same text without compiling again.
 - `CompiledGrammar.matcher()` gives each request its own `TokenMatcher`; per generated token the
   caller fills the mask (`fill_bitmask`, or `fill_bitmasks` for many matchers in parallel with the
-  GIL released), samples inside it, then `advance`s the matcher with the sampled id.
+  GIL released), samples inside it, then `advance`s the matcher with the sampled id (`advance_all`
+  for many, in parallel).
 - The end-of-text token (id 0) is allowed exactly where the grammar can end; ids without text
   (65530..65535) are never allowed. `is_terminated()` is true once nothing but the end can follow,
   so the caller stops the request there with `finish_reason: "stop"`.
@@ -294,6 +295,15 @@ def fill_bitmasks(rows: Sequence[tuple[TokenMatcher, int]], out: np.ndarray) -> 
     pairs = [(matcher._live, row) for matcher, row in rows]
     _shared_executor().unsafe_compute_mask_ptr(pairs, out.ctypes.data, MASK_WORDS * 4, out.shape[0])
     return [n for n, (matcher, _) in enumerate(pairs) if matcher.is_error()]
+
+
+def advance_all(pairs: Sequence[tuple[TokenMatcher, int]]) -> list[bool]:
+    """`matcher.advance(token)` for every pair at once, on llguidance's thread pool with the GIL
+    released (a worker advances all its constrained slots by their sampled ids this way). The
+    matchers must be distinct; a False leaves that matcher failed, as `advance` does."""
+    if not pairs:
+        return []
+    return list(_shared_executor().consume_token_par([(matcher._live, token_id) for matcher, token_id in pairs]))
 
 
 def allowed_ids(row: np.ndarray) -> np.ndarray:
