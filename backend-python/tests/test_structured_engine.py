@@ -128,6 +128,24 @@ def test_overlap_changes_no_output_of_a_mixed_batch(tiny_checkpoint: Path) -> No
     assert outputs[1] == outputs[0]
 
 
+def test_logprobs_follow_each_row_when_masked_rows_sample_apart(engine: AlbatrossRWKV) -> None:
+    """The masked rows' chosen logprobs are their own (the same as alone), and a free greedy row's
+    chosen token is its most likely one, whichever call sampled it."""
+    free = GenerationRequest([14, 15], SamplingParams(max_tokens=6, temperature=0.0, frequency_penalty=0.0, stop_token_ids=(), logprobs=2))
+    masked = GenerationRequest([16, 17], SamplingParams(max_tokens=6, temperature=1.0, seed=9, logprobs=3), constraint=grammar_of(SCHEMAS["flat"]))
+
+    def entries(events: list[GenerationEvent]) -> list[tuple[int, float, int]]:
+        return [(entry.token_id, round(entry.logprob, 4), len(entry.top)) for event in events for entry in event.logprobs or []]
+
+    (masked_alone,) = collect(engine, [masked])
+    free_events, masked_events = collect(engine, [free, masked])
+    assert entries(masked_events) == entries(masked_alone) and len(entries(masked_alone)) == 6
+    assert [token for token, _, _ in entries(masked_alone)] == token_ids(masked_alone)
+    for event in free_events:
+        for entry, token in zip(event.logprobs or [], event.token_ids):
+            assert entry.token_id == token == entry.top[0][0] and entry.logprob == pytest.approx(entry.top[0][2])
+
+
 def test_a_grammar_that_is_complete_stops_and_max_tokens_cuts_with_length(engine: AlbatrossRWKV) -> None:
     yes_or_no = OutputConstraint('start: "yes" | "no, thanks"', "test")
     # The end of text is allowed only where the grammar can end: even a +100 bias cannot end early.
