@@ -6,7 +6,7 @@
 # CPUs filling the masks. About five minutes; everything lands in $OUT (log.txt, tests.log,
 # structured.json).
 #   bash backend-python/bench/structured_gpu_session.sh      (from the repository root; .whl/ carried)
-# Knobs: TESTS=0, BENCH=0, HOST=0, SHAPE (7.2b), BATCH (960), TEST_TIMEOUT (180), BENCH_TIMEOUT (240).
+# Knobs: TESTS=0, BENCH=0, HOST=0, SHAPE (7.2b), BATCH (960), TEST_TIMEOUT (240), BENCH_TIMEOUT (240).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -32,7 +32,7 @@ assert 'sample' in ops.registered_cuda_ops(), 'no sampler kernel'
 
 if [ "${TESTS:-1}" = 1 ]; then
   echo "== cuda tests: masks and biases, the sampler kernel, the engine on the GPU" | tee -a "$log"
-  timeout "${TEST_TIMEOUT:-180}" python3 -m pytest -q -p no:cacheprovider -m cuda --durations=5 \
+  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -m cuda --durations=5 \
       tests/test_sampler_constraints.py tests/test_structured_engine.py tests/test_cuda_kernels.py tests/test_engine_cuda.py \
       2>&1 | tee "$OUT/tests.log" | tail -25 | tee -a "$log"
 fi

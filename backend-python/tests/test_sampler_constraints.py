@@ -315,3 +315,24 @@ def test_the_cuda_kernel_refuses_half_given_masks_or_biases() -> None:
         torch.ops.albatross.sample(*args, torch.zeros(rows, dtype=torch.int64, device="cuda"), None)
     with pytest.raises(RuntimeError, match="mask_index must be a contiguous int64 vector of length 2"):
         torch.ops.albatross.sample(*args, torch.zeros(3, dtype=torch.int64, device="cuda"), torch.zeros(1, 4, dtype=torch.int32, device="cuda"))
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_the_masked_sampler_call_makes_no_host_sync() -> None:
+    """The engine issues it while the forward runs: a host sync there would stall the pipeline."""
+    from albatross import cuda_ops, ops
+
+    cuda_ops.enable_cuda_kernels()
+    rows = 16
+    logits, _, biases, masks = _gpu_case(rows, seed=8)
+    params = [replace(PLAIN, temperature=0.9, top_p=0.9, logit_bias=tuple(sorted(bias.items()))) for bias in biases]
+    batch = SamplingBatch.from_params(params, [seed_to_seed32(r) for r in range(rows)], list(range(rows)), device="cuda", allowed=_gpu_allowed(masks))
+    gpu_logits, slots, pool = logits.cuda(), torch.arange(rows, device="cuda"), PenaltyPool(rows, GPU_VOCAB, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        ids = ops.sample(gpu_logits, slots, batch, pool)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(mask is None or token in mask for token, mask in zip(ids.tolist(), masks))
