@@ -180,8 +180,10 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--schemas", type=int, default=5, help="new schemas whose compile is timed")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    # engine_benchmark's builder: one worker, the model built here; its knobs at their defaults
-    args.model, args.workers, args.prefill_chunk, args.prefill_budget, args.overlap, args.state_dtype = None, 1, None, None, None, None
+    # engine_benchmark's builder: one worker, the model built here; its knobs (the prefill policy
+    # included) at the engine's defaults
+    args.model, args.workers, args.overlap, args.state_dtype = None, 1, None, None
+    args.prefill_chunk = args.prefill_budget = args.itl_target_ms = None
 
     backend = build_backend(args)
     device = str(backend.status()["device"])
