@@ -8,6 +8,7 @@
 #   bash backend-python/bench/structured_gpu_session.sh      (from the repository root; .whl/ carried)
 # Knobs: TESTS=0, BENCH=0, HOST=0, SHAPE (7.2b), BATCH (960), TEST_TIMEOUT (240), BENCH_TIMEOUT (240).
 set -uo pipefail
+cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
 if ls .whl/*.whl >/dev/null 2>&1; then
@@ -20,7 +21,7 @@ log="$OUT/log.txt"
   date -u
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import torch, sys, os; print('torch', torch.__version__, 'python', sys.version.split()[0], 'cpus', os.cpu_count())"
-  echo "== kernels (the sampler is JIT-built for this GPU if its committed binary is stale)"
+  echo "== kernels (JIT-built for this GPU where the committed binary is stale or missing: sampler, gemv, int8 until the next build)"
   timeout 300 python3 -c "
 import logging; logging.basicConfig(level=logging.INFO, format='%(name)s %(levelname)s %(message)s')
 from albatross import cuda_ops, ops
