@@ -10,7 +10,8 @@ the device with the step; the classic backend a small array).
   the same `CompiledGrammar` for the same text without compiling again.
 - `CompiledGrammar.matcher()` gives each request its own `TokenMatcher`; per generated token the
   caller fills the mask (`fill_bitmask`, or `fill_bitmasks` for many matchers in parallel with the
-  GIL released), samples inside it, then `advance`s the matcher with the sampled id.
+  GIL released), samples inside it, then `advance`s the matcher with the sampled id (`advance_all`
+  for many, in parallel).
 - The end-of-text token (id 0) is allowed exactly where the grammar can end; ids without text
   (65530..65535) are never allowed. `is_terminated()` is true once nothing but the end can follow,
   so the caller stops the request there with `finish_reason: "stop"`.
@@ -198,6 +199,10 @@ class TokenMatcher:
         """Drop the matcher's state; the object is unusable afterwards. Idempotent."""
         self._matcher = None
 
+    @property
+    def freed(self) -> bool:
+        return self._matcher is None
+
 
 def _check_row(row: np.ndarray) -> None:
     if row.dtype != np.int32 or row.shape != (MASK_WORDS,) or not row.flags["C_CONTIGUOUS"] or not row.flags["WRITEABLE"]:
@@ -226,6 +231,14 @@ class ConstraintCompiler:
         self._cache: OrderedDict[str, CompiledGrammar] = OrderedDict()
         self._cache_size = cache_size
         self._lock = threading.Lock()
+
+    def cached_grammar(self, grammar_text: str) -> CompiledGrammar | None:
+        """The compiled grammar if it is cached (marked as just used), else None; never compiles."""
+        with self._lock:
+            cached = self._cache.get(grammar_text)
+            if cached is not None:
+                self._cache.move_to_end(grammar_text)
+            return cached
 
     def compile(self, grammar_text: str) -> CompiledGrammar:
         with self._lock:
@@ -282,6 +295,15 @@ def fill_bitmasks(rows: Sequence[tuple[TokenMatcher, int]], out: np.ndarray) -> 
     pairs = [(matcher._live, row) for matcher, row in rows]
     _shared_executor().unsafe_compute_mask_ptr(pairs, out.ctypes.data, MASK_WORDS * 4, out.shape[0])
     return [n for n, (matcher, _) in enumerate(pairs) if matcher.is_error()]
+
+
+def advance_all(pairs: Sequence[tuple[TokenMatcher, int]]) -> list[bool]:
+    """`matcher.advance(token)` for every pair at once, on llguidance's thread pool with the GIL
+    released (a worker advances all its constrained slots by their sampled ids this way). The
+    matchers must be distinct; a False leaves that matcher failed, as `advance` does."""
+    if not pairs:
+        return []
+    return list(_shared_executor().consume_token_par([(matcher._live, token_id) for matcher, token_id in pairs]))
 
 
 def allowed_ids(row: np.ndarray) -> np.ndarray:

@@ -313,16 +313,30 @@ def sample_torch(
     penalties: torch.Tensor,
     seen: torch.Tensor,
     update_penalties: bool,
+    mask_index: torch.Tensor | None = None,
+    mask_words: torch.Tensor | None = None,
+    bias_offsets: torch.Tensor | None = None,
+    bias_ids: torch.Tensor | None = None,
+    bias_values: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`albatross.sampler.sample` on the op's unpacked arguments."""
-    batch = sampler.SamplingBatch(temperature, top_p, top_k, presence, frequency, decay, seed32, step)
+    """`albatross.sampler.sample` on the op's unpacked arguments: the allowed-token masks are
+    `sampler.AllowedTokens(mask_index, mask_words)`, the biases `sampler.LogitBias(bias_offsets,
+    bias_ids, bias_values)`; each group is given whole or not at all."""
+    if (mask_index is None) != (mask_words is None) or len({t is None for t in (bias_offsets, bias_ids, bias_values)}) > 1:
+        raise ValueError("sample: give mask_index with mask_words, and bias_offsets with bias_ids and bias_values")
+    allowed = None if mask_index is None or mask_words is None else sampler.AllowedTokens(mask_index, mask_words)
+    bias = None
+    if bias_offsets is not None and bias_ids is not None and bias_values is not None:
+        bias = sampler.LogitBias(bias_offsets, bias_ids, bias_values)
+    batch = sampler.SamplingBatch(temperature, top_p, top_k, presence, frequency, decay, seed32, step, allowed, bias)
     return sampler.sample(logits, slots, batch, sampler.PenaltyPool.wrap(penalties, seen), update_penalties)
 
 
 _sample = _declare(
     "sample(Tensor logits, Tensor slots, Tensor temperature, Tensor top_p, Tensor top_k, Tensor presence, "
     "Tensor frequency, Tensor decay, Tensor seed32, Tensor step, Tensor(a!) penalties, Tensor(b!) seen, "
-    "bool update_penalties) -> Tensor",
+    "bool update_penalties, Tensor? mask_index=None, Tensor? mask_words=None, Tensor? bias_offsets=None, "
+    "Tensor? bias_ids=None, Tensor? bias_values=None) -> Tensor",
     sample_torch,
 )
 
@@ -335,11 +349,9 @@ def sample(
     update_penalties: bool = True,
 ) -> torch.Tensor:
     """`albatross.sampler.sample` (same arguments, same result) through the `sample` op: the CUDA
-    kernel for CUDA tensors once its library is loaded, the torch sampler otherwise. The op does
-    not take allowed-token masks or logit biases yet: a batch with either runs the torch sampler,
-    which applies them, rather than the op, which would drop them."""
-    if batch.allowed is not None or batch.bias is not None:
-        return sampler.sample(logits, slots, batch, penalties, update_penalties)
+    kernel for CUDA tensors once its library is loaded, the torch sampler otherwise; the batch's
+    allowed-token masks and logit biases, if any, go with it."""
+    allowed, bias = batch.allowed, batch.bias
     return _sample(
         logits.float(),
         slots.to(torch.int64),
@@ -354,4 +366,9 @@ def sample(
         penalties.penalties,
         penalties.seen,
         update_penalties,
+        None if allowed is None else allowed.index,
+        None if allowed is None else allowed.words,
+        None if bias is None else bias.offsets,
+        None if bias is None else bias.ids,
+        None if bias is None else bias.values,
     )

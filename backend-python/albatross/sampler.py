@@ -3,7 +3,8 @@
 It computes exactly the definition in docs/architecture.md ("sampler", "Sampler randomness"):
 
 0. `l = logits - penalties[slot] + bias[row]` (a row's sparse logit bias, if any); a row with an
-   allowed-token mask sets `l = -inf` for every id outside it (the mask allows at least one id).
+   allowed-token mask sets `l = -inf` for every id outside it (a mask that allows no id is taken
+   as allowing id 0 alone).
 1. Temperature 0: argmax of `l` (lowest id on ties), done.
 2. `p = softmax(l / temperature)` in fp32 (ids outside the mask get p = 0).
 3. top_k > 0 keeps `p >= ` the k-th largest p; top_p < 1 keeps `p >= t`, t being the p of the
@@ -124,6 +125,9 @@ class LogitBias:
         )
 
 
+_SETTINGS = ("temperature", "top_p", "top_k", "presence", "frequency", "decay", "seed32", "step")  # SamplingBatch's per-row tensors, in order
+
+
 @dataclass(slots=True)
 class SamplingBatch:
     """Per-row sampling settings as device tensors, one row per logits row."""
@@ -141,7 +145,7 @@ class SamplingBatch:
 
     def __post_init__(self) -> None:
         rows = self.temperature.shape
-        for name in ("top_p", "top_k", "presence", "frequency", "decay", "seed32", "step"):
+        for name in _SETTINGS[1:]:
             if getattr(self, name).shape != rows:
                 raise ValueError(f"SamplingBatch.{name} has shape {tuple(getattr(self, name).shape)}, expected {tuple(rows)}")
         if self.allowed is not None and self.allowed.index.shape != rows:
@@ -152,6 +156,12 @@ class SamplingBatch:
     @property
     def rows(self) -> int:
         return int(self.temperature.shape[0])
+
+    def narrow(self, start: int, stop: int) -> SamplingBatch:
+        """Rows [start, stop) (views of the settings); masks and biases are the caller's to add."""
+        if self.allowed is not None or self.bias is not None:
+            raise ValueError("narrow a SamplingBatch before adding masks or biases")
+        return SamplingBatch(*(getattr(self, name)[start:stop] for name in _SETTINGS))
 
     @classmethod
     def from_params(
@@ -265,16 +275,16 @@ def apply_logit_bias(logits: torch.Tensor, bias: LogitBias) -> None:
 
 
 def apply_allowed(logits: torch.Tensor, allowed: AllowedTokens) -> None:
-    """Step 0's mask, in place: -inf outside each constrained row's allowed ids."""
-    constrained = torch.nonzero(allowed.index >= 0).flatten()
-    if constrained.numel() == 0:
+    """Step 0's mask, in place: -inf outside each constrained row's allowed ids. A mask that allows
+    nothing leaves id 0 (the end of text), so that no row is ever empty; a caller's grammar, which
+    made that mask, then refuses the id. No host sync (the CUDA kernel cannot raise either)."""
+    index = allowed.index
+    if allowed.words.shape[0] == 0:  # no row is constrained
         return
-    bits = unpack_bitmask(allowed.words.index_select(0, allowed.index.index_select(0, constrained)), logits.shape[1])
-    empty = ~bits.any(dim=-1)
-    if bool(empty.any()):
-        raise ValueError(f"rows {constrained[empty].tolist()} have an allowed-token mask that allows no id")
-    rows = logits.index_select(0, constrained)
-    logits.index_copy_(0, constrained, rows.masked_fill(~bits, float("-inf")))
+    bits = unpack_bitmask(allowed.words.index_select(0, index.clamp(min=0)), logits.shape[1])
+    bits |= (index < 0)[:, None]  # unconstrained rows allow every id
+    bits[:, 0] |= ~bits.any(dim=-1)
+    logits.masked_fill_(~bits, float("-inf"))
 
 
 def sample(

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from albatross.checkpoint import ModelConfig, read_config
+from albatross.constraints import CompiledGrammar, ConstraintCompiler, ConstraintError
 from albatross.dtypes import DTYPES
 from albatross.model import RWKV7
 from albatross.random_checkpoint import NAMED_SHAPES, CheckpointShape, random_state_dict
@@ -79,6 +80,9 @@ class AlbatrossRWKV(AbstractRWKV):
         self.model_path = model_path
         self.name = model.name if model is not None else _model_name(model_path)
         self.tokenizer = _resolve_tokenizer(tokenizer)
+        # Built now (the vocabulary's token trie, once per process) so that the first constrained
+        # request waits only for its own grammar.
+        self._grammars = ConstraintCompiler(self.tokenizer)
         self.state_store = state_store  # what the state routes see (see set_initial_state)
         self._raw_store: StateStore | None = state_store  # the cache itself, as the workers use it
         self._state_store_factory = state_store_factory
@@ -169,12 +173,7 @@ class AlbatrossRWKV(AbstractRWKV):
 
     # ---------------------------------------------------------------------------- generation
 
-    def _task(self, request: GenerationRequest, channel: EventChannel) -> EngineTask:
-        # The engine's sampler does not take masks or biases yet: refuse rather than ignore them.
-        if request.constraint is not None:
-            raise BackendError(400, f"{request.constraint.label} is not supported by the albatross backend yet (the classic backend enforces it)")
-        if request.sampling.logit_bias:
-            raise BackendError(400, "logit_bias is not supported by the albatross backend yet (the classic backend applies it)")
+    def _task(self, request: GenerationRequest, channel: EventChannel, grammar: CompiledGrammar | None) -> EngineTask:
         ref = request.state
         initial = self._initial
         # Saved states made from a state file live in its own key space (initial_state.py).
@@ -185,6 +184,9 @@ class AlbatrossRWKV(AbstractRWKV):
             raise BackendError(400, "this albatross engine was started without a state cache")
         if load_key is not None and not request.prompt_tokens and request.sampling.max_tokens > 0:
             raise BackendError(400, "continuing a saved state needs at least one prompt token to generate from")
+        bad = [token_id for token_id, _ in request.sampling.logit_bias if token_id >= self.tokenizer_len]
+        if bad:
+            raise BackendError(400, f"logit_bias token ids must lie in [0, {self.tokenizer_len}); got {bad[:5]}")
         seed = request.sampling.seed
         return EngineTask(
             prompt_tokens=list(request.prompt_tokens),
@@ -197,12 +199,33 @@ class AlbatrossRWKV(AbstractRWKV):
             use_prefix_cache=bool(ref and ref.use_prefix_cache and load_key is None and self.state_store is not None),
             initial_state=initial,
             penalized_prompt_ids=list(request.penalized_prompt_ids),
+            grammar=grammar,
         )
+
+    def _compile(self, request: GenerationRequest) -> CompiledGrammar | None:
+        """The request's output grammar, compiled for this vocabulary (cached by its text); a
+        grammar that cannot be enforced is a 400 before anything is queued."""
+        if request.constraint is None:
+            return None
+        try:
+            return self._grammars.compile(request.constraint.grammar)
+        except ConstraintError as error:
+            raise BackendError(400, f"{request.constraint.label}: {error}") from error
+
+    async def _compile_off_loop(self, request: GenerationRequest) -> CompiledGrammar | None:
+        """`_compile` without holding up the caller's loop: a grammar not compiled yet (tens of
+        milliseconds, the GIL released) compiles on a thread while the loop serves other streams."""
+        if request.constraint is None:
+            return None
+        cached = self._grammars.cached_grammar(request.constraint.grammar)
+        if cached is not None:
+            return cached
+        return await asyncio.to_thread(self._compile, request)
 
     async def async_generate(self, request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
         """Events on the caller's loop. Closing the iterator (or cancelling its consumer) aborts."""
         channel = AsyncChannel(asyncio.get_running_loop())
-        task = self._task(request, channel)
+        task = self._task(request, channel, await self._compile_off_loop(request))
         core = self.core
         core.submit(task)
         done = False
@@ -244,7 +267,7 @@ class AlbatrossRWKV(AbstractRWKV):
     def generate(self, request: GenerationRequest) -> Iterator[GenerationEvent]:
         """Blocking generation for scripts; closing the generator aborts the request."""
         channel = SyncChannel()
-        task = self._task(request, channel)
+        task = self._task(request, channel, self._compile(request))
         core = self.core
         core.submit(task)
         done = False

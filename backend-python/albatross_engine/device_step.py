@@ -9,14 +9,25 @@ CUDA-graph replay when a bucket fits, else the same decode forward eagerly), so 
 for nothing: with overlap the device runs step N+1 while the host processes step N. A step with
 prompt chunks goes through `model.forward`, whose inputs are host lists, so it first waits for
 the previous step's ids (the one sync per step; `IssuedStep.token_ids()`).
+
+Rows under a grammar (a task with a matcher) sample in a second, smaller sampler call: the mask
+of step N+1 depends on the token of step N, which reaches the host only after step N+1 has been
+issued. So `issue` samples the free rows at once and leaves the masked rows' logits on the
+issued step (`MaskedRows`); the worker fills their masks from the matchers while the device runs
+the forward, and `sample_masked` copies the masks in and samples those rows into the same ids
+tensor, before the next step (whose decode reads these ids) is issued. A step without masked
+rows runs exactly the one call it always did; decode graphs hold the forward only, so they are
+the same either way.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
+import numpy as np
 import torch
 
 from albatross.cuda_graphs import DecodeGraphRunner, forward_decode
@@ -24,21 +35,30 @@ from albatross.dtypes import DTYPES
 from albatross.model import RWKV7
 from albatross.ops import FlatBatch, host_to_device
 from albatross import ops
-from albatross.sampler import MASK32, PenaltyPool, SamplingBatch, TopLogprobs, top_logprobs
+from albatross.constraints import MASK_WORDS
+from albatross.sampler import MASK32, AllowedTokens, LogitBias, PenaltyPool, SamplingBatch, TopLogprobs, top_logprobs
 from albatross.state import SlotState, StatePool
 from albatross_engine.scheduler import Row, RowKind, StepPlan
+
+if TYPE_CHECKING:
+    from albatross_engine.tasks import EngineTask
 
 logger = logging.getLogger(__name__)
 
 
-
 @dataclass(slots=True)
 class _SamplingInputs:
+    """One step's sampling rows in call order: the free rows first, then the masked ones (each
+    group in sample-row order). Without masked rows, call order is sample-row order."""
+
     batch: SamplingBatch
-    slots: torch.Tensor  # the pool slot of each sampling row
-    positions: torch.Tensor | None  # the forward rows that sample; None: all of them
-    logprob_rows: list[int]  # sampling rows that want logprobs
-    logprob_index: torch.Tensor | None
+    tasks: list[EngineTask]  # the task of each call row
+    slots: torch.Tensor  # the pool slot of each call row
+    positions: torch.Tensor | None  # the forward row of each call row; None: all rows, in order
+    free_count: int  # call rows [0, free_count) sample at once, the rest once their masks are in
+    sample_rows: torch.Tensor | None  # the sample row of each call row; None: call order is sample order
+    logprob_rows: list[int]  # sample rows that want logprobs
+    logprob_index: torch.Tensor | None  # their call rows
     logprob_k: int
 
 
@@ -53,6 +73,15 @@ class RowInputsRefused(Exception):
 
 
 @dataclass(slots=True)
+class MaskedRows:
+    """The sampling rows of an issued step that wait for their grammar masks (`sample_masked`)."""
+
+    tasks: list[EngineTask]  # one per masked row, in call order
+    logits: torch.Tensor  # every sampling row's logits in call order; the masked rows are the last
+    inputs: _SamplingInputs
+
+
+@dataclass(slots=True)
 class IssuedStep:
     """A step sent to the device; its sampled ids reach the host on the first `token_ids()`."""
 
@@ -63,9 +92,12 @@ class IssuedStep:
     logprobs: TopLogprobs | None = None
     logprob_rows: dict[int, int] = field(default_factory=dict)  # sample row -> row of `logprobs`
     ids_at: float | None = None  # perf_counter when the ids reached the host (the adaptive budget's clock)
+    masked: MaskedRows | None = None  # rows still to sample once their masks are filled
     _ids: list[int] | None = None
 
     def token_ids(self) -> list[int]:
+        if self.masked is not None:
+            raise RuntimeError("the step's masked rows were never sampled (DeviceStep.sample_masked)")
         if self._ids is None:
             if self.copied is not None:
                 self.copied.synchronize()
@@ -83,6 +115,12 @@ class DeviceStep:
         # Graph replays pad short batches with a scratch slot, which the scheduler never hands out.
         self.pool = model.new_pool(batch_size + (1 if use_graphs else 0), DTYPES[state_dtype])
         self.penalties = PenaltyPool(batch_size, model.config.vocab_size, model.device)
+        # Masked rows' allowed-token words: filled on the host in page-locked memory (the copy to
+        # the device must not wait for the step in flight), one row per slot at most.
+        self._mask_host = torch.zeros(batch_size, MASK_WORDS, dtype=torch.int32, pin_memory=self.device.type == "cuda")
+        self._mask_host_rows: np.ndarray = self._mask_host.numpy()
+        self._mask_words = self._mask_host if self.device.type != "cuda" else torch.zeros_like(self._mask_host, device=self.device)
+        self._masks_copied: torch.cuda.Event | None = None  # the host rows are free again once it completes
         self._graphs = _decode_graph_runner(model, self.pool, batch_size) if use_graphs else None
         self._largest_bucket = max(self._graphs.buckets) if self._graphs is not None else 0
         self._last: IssuedStep | None = None  # its sampled ids feed the next step's decode rows
@@ -172,7 +210,10 @@ class DeviceStep:
         """Per-row sampling settings as device tensors, built on the host and sent with
         page-locked non-blocking copies BEFORE the forward is queued (a blocking copy, or one
         from pageable memory, would wait for the step in flight)."""
-        positions = [i for i, row in enumerate(plan.rows) if row.samples]
+        sampling = [i for i, row in enumerate(plan.rows) if row.samples]  # in sample-row order
+        free = [i for i in sampling if plan.rows[i].task.matcher is None]
+        positions = free + [i for i in sampling if plan.rows[i].task.matcher is not None]
+        in_order = len(free) == len(sampling)
         tasks = [plan.rows[i].task for i in positions]
         params = [t.sampling for t in tasks]
         floats = host_to_device(torch.tensor(
@@ -193,6 +234,7 @@ class DeviceStep:
                 [t.sampled - 1 for t in tasks],
                 [plan.rows[i].slot for i in positions],
                 positions,
+                [plan.rows[i].sample_row for i in positions],
             ],
             dtype=torch.int64,
         ), self.device)
@@ -200,24 +242,79 @@ class DeviceStep:
             temperature=floats[0], top_p=floats[1], top_k=ints[0], presence=floats[2],
             frequency=floats[3], decay=floats[4], seed32=ints[1], step=ints[2],
         )  # fmt: skip
-        wanted = [n for n, t in enumerate(tasks) if t.sampling.logprobs is not None]
+        wanted = [n for n, t in enumerate(tasks) if t.sampling.logprobs is not None]  # call rows
         return _SamplingInputs(
             batch=batch,
+            tasks=tasks,
             slots=ints[3],
-            positions=None if len(positions) == len(plan.rows) else ints[4],
-            logprob_rows=wanted,
+            positions=None if in_order and len(positions) == len(plan.rows) else ints[4],
+            free_count=len(free),
+            sample_rows=None if in_order else ints[5],
+            logprob_rows=[plan.rows[positions[n]].sample_row for n in wanted],
             logprob_index=host_to_device(torch.tensor(wanted, dtype=torch.int64), self.device) if wanted else None,
             logprob_k=max((tasks[n].sampling.logprobs or 0 for n in wanted), default=0),
         )
 
+    def _rows_batch(self, inputs: _SamplingInputs, start: int, stop: int) -> SamplingBatch:
+        """The settings of call rows [start, stop), with their logit biases (sent page-locked)."""
+        batch = inputs.batch if (start, stop) == (0, inputs.batch.rows) else inputs.batch.narrow(start, stop)
+        bias = LogitBias.from_rows([task.sampling.logit_bias for task in inputs.tasks[start:stop]])
+        if bias is not None and self.device.type == "cuda":
+            bias = LogitBias(*(host_to_device(tensor, self.device) for tensor in (bias.offsets, bias.ids, bias.values)))
+        return batch if bias is None else replace(batch, bias=bias)
+
     def _sample(self, logits: torch.Tensor, inputs: _SamplingInputs, issued: IssuedStep) -> None:
         if inputs.positions is not None:
             logits = logits.index_select(0, inputs.positions)
-        ids = ops.sample(logits, inputs.slots, inputs.batch, self.penalties)  # the CUDA kernel when loaded
-        issued.ids = ids
+        rows, free = inputs.batch.rows, inputs.free_count
+        if free == rows:  # no masked rows: the one call of every step
+            issued.ids = ops.sample(logits, inputs.slots, self._rows_batch(inputs, 0, rows), self.penalties)
+            self._ids_to_host(issued, logits, inputs)
+            return
+        assert inputs.sample_rows is not None
+        issued.ids = torch.zeros(rows, dtype=torch.int64, device=self.device)  # in sample-row order
+        if free:
+            sampled = ops.sample(logits[:free], inputs.slots[:free], self._rows_batch(inputs, 0, free), self.penalties)
+            issued.ids.index_copy_(0, inputs.sample_rows[:free], sampled)
+        issued.masked = MaskedRows(tasks=inputs.tasks[free:], logits=logits, inputs=inputs)
+
+    def mask_rows(self, count: int) -> np.ndarray:
+        """Host rows [count, MASK_WORDS] for the masks of the masked rows of the step issued last,
+        page-locked; free to overwrite (the previous masks have reached the device)."""
+        if self._masks_copied is not None:
+            self._masks_copied.synchronize()  # done long ago in practice: that step's ids were awaited
+        return self._mask_host_rows[:count]
+
+    def sample_masked(self, issued: IssuedStep, mask_index: list[int], mask_count: int) -> None:
+        """Sample the issued step's masked rows: masked row r may produce only the ids allowed by
+        `mask_rows()[mask_index[r]]` (-1: unconstrained, for a row whose sample will be dropped).
+        Then the step's ids (and logprobs) go to the host."""
+        masked, issued.masked = issued.masked, None
+        assert masked is not None and len(mask_index) == len(masked.tasks)
+        inputs, rows, free = masked.inputs, masked.inputs.batch.rows, masked.inputs.free_count
+        assert inputs.sample_rows is not None
+        batch = self._rows_batch(inputs, free, rows)
+        if mask_count:
+            words = self._mask_words[:mask_count]
+            if self.device.type == "cuda":
+                words.copy_(self._mask_host[:mask_count], non_blocking=True)
+                self._masks_copied = torch.cuda.Event()
+                self._masks_copied.record()
+            index = host_to_device(torch.tensor(mask_index, dtype=torch.int64), self.device)
+            batch = replace(batch, allowed=AllowedTokens(index=index, words=words))
+        sampled = ops.sample(masked.logits[free:], inputs.slots[free:], batch, self.penalties)
+        assert issued.ids is not None
+        issued.ids.index_copy_(0, inputs.sample_rows[free:], sampled)
+        self._ids_to_host(issued, masked.logits, inputs)
+
+    def _ids_to_host(self, issued: IssuedStep, logits: torch.Tensor, inputs: _SamplingInputs) -> None:
+        """Logprobs of the rows that want them, then the asynchronous copies to the host."""
+        ids = issued.ids
+        assert ids is not None
         if inputs.logprob_index is not None:
             index = inputs.logprob_index
-            data = top_logprobs(logits.index_select(0, index), inputs.logprob_k, ids.index_select(0, index))
+            chosen = ids if inputs.sample_rows is None else ids.index_select(0, inputs.sample_rows)  # call order
+            data = top_logprobs(logits.index_select(0, index), inputs.logprob_k, chosen.index_select(0, index))
             issued.logprobs = TopLogprobs(
                 chosen=None if data.chosen is None else self._to_host(data.chosen),
                 top_values=self._to_host(data.top_values),

@@ -1,6 +1,7 @@
 """How a worker's tasks end: finished (stop, length), aborted, or failed, and what each one sends.
 
-Every end frees the task's slot at once (the next step can admit another) and is counted once,
+Every end frees the task's grammar matcher at once (including `fail_all`, a stopping worker's
+path), and frees its slot at once (the next step can admit another) and is counted once,
 except a completed turn with a `save_key`: its slot is kept until the last generated token has
 been fed, then the state is saved and only then does the final event go out, so a client told
 "stop" can rely on the saved state. A failed save turns the final event into an error.
@@ -45,6 +46,7 @@ class Finisher:
     def finish(self, task: EngineTask, reason: StopReason, event: GenerationEvent) -> None:
         """`event` is the task's last."""
         task.finish_reason = event.finish_reason = reason
+        task.free_matcher()
         self.metrics.record_finish(reason)
         if task.save_key is not None:
             task.held_event = event
@@ -71,6 +73,7 @@ class Finisher:
     def abort(self, task: EngineTask) -> None:
         if task.finished:
             return
+        task.free_matcher()
         if self.scheduler.remove_waiting(task):
             task.finish_reason = "abort"
             self.outbox.add(task.channel, GenerationEvent(finish_reason="abort", prompt_tokens=task.prompt_len))
@@ -95,6 +98,7 @@ class Finisher:
         if not holds_slot and not self.scheduler.remove_waiting(task):
             return  # already finished and released
         task.finish_reason = "error"
+        task.free_matcher()
         task.final_feed_pending = False
         task.held_event = None
         self.outbox.add(task.channel, error if isinstance(error, BackendError) else task.error_event(error))
@@ -123,6 +127,7 @@ def fail_all(scheduler: Scheduler, outbox: EventOutbox, tasks: list[EngineTask],
     for task in tasks:
         if task.task_id in scheduler.running:
             scheduler.release(task)
+        task.free_matcher()
         task.finish_reason = "error"
         outbox.add(task.channel, error)
     outbox.flush()

@@ -144,13 +144,13 @@ def weight_bytes(config: ModelConfig, weights: str, dtype_bytes: int) -> int:
 
 
 def state_bytes(request: MemoryRequest) -> int:
-    """The pool's slots (albatross.state.slot_bytes each) and the sampler's penalty rows (fp32 and
-    bool per id)."""
+    """The pool's slots (albatross.state.slot_bytes each), the sampler's penalty rows (fp32 and
+    bool per id) and the grammar masks' rows (a bit per id, DeviceStep's device copy)."""
     config = request.config
     pool_slots = request.batch_size + (1 if request.cuda_graphs else 0)  # the graph replays' scratch slot
     shifts = 2 * config.n_layer * config.n_embd * request.dtype_bytes
     wkv = config.n_layer * config.n_head * config.head_size * config.head_size * request.state_dtype_bytes
-    return pool_slots * (shifts + wkv) + request.batch_size * config.vocab_size * 5
+    return pool_slots * (shifts + wkv) + request.batch_size * config.vocab_size * 5 + request.batch_size * config.vocab_size // 8
 
 
 def step_bytes(config: ModelConfig, rows: int, slots: int, dtype_bytes: int, weights: str, dequantizes: bool) -> int:

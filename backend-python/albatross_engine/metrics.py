@@ -32,6 +32,8 @@ class MetricsSnapshot:
     cached_prompt_tokens_total: int = 0
     shared_prompt_tokens_total: int = 0  # prompt tokens followers took from their leader's prefill
     state_saves: int = 0
+    masked_samples_total: int = 0  # samples drawn under a grammar's allowed-token mask
+    mask_fill_ms_total: float = 0.0  # host time filling those masks (while the device runs the forward)
     peak_device_memory_bytes: int = 0
 
     def as_dict(self) -> dict[str, object]:
@@ -91,6 +93,11 @@ class WorkerMetrics:
         with self._lock:
             self._data.state_saves += 1
 
+    def record_masks(self, rows: int, seconds: float) -> None:
+        with self._lock:
+            self._data.masked_samples_total += rows
+            self._data.mask_fill_ms_total += seconds * 1000.0
+
     def snapshot(self) -> MetricsSnapshot:
         with self._lock:
             d = self._data
@@ -118,5 +125,7 @@ def merge_snapshots(snapshots: list[MetricsSnapshot]) -> MetricsSnapshot:
         merged.cached_prompt_tokens_total += s.cached_prompt_tokens_total
         merged.shared_prompt_tokens_total += s.shared_prompt_tokens_total
         merged.state_saves += s.state_saves
+        merged.masked_samples_total += s.masked_samples_total
+        merged.mask_fill_ms_total += s.mask_fill_ms_total
         merged.peak_device_memory_bytes += s.peak_device_memory_bytes
     return merged

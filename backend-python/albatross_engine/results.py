@@ -1,9 +1,11 @@
 """The host work of an issued step: its sampled ids become each task's next event.
 
-Wait for the ids (the one sync per step); then per sampling row, in plan order: count the token,
-decide with `albatross.stopping` whether it ends the task, attach logprobs when asked, and queue
-the event (or finish the task). A row of a task that already finished (aborted, failed, or done
-one step earlier under overlap) is skipped: its sample is dropped and not counted.
+Wait for the ids (the one sync per step); advance the grammar matchers of the constrained rows,
+all at once; then per sampling row, in plan order: count the token (a token its grammar refused
+fails the task), decide with `albatross.stopping` whether it ends the task (a grammar with nothing
+left to match ends it with "stop"), attach logprobs when asked, and queue the event (or finish the
+task). A row of a task that already finished (aborted, failed, or done one step earlier under
+overlap) is skipped: its sample is dropped and not counted.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING
 
+from albatross.constraints import ConstraintError, advance_all
 from albatross.sampler import TopLogprobs
 from albatross.stopping import accept_token
 from albatross.tokenizer import Tokenizer
@@ -45,6 +48,7 @@ class ResultProcessor:
             self.device_step.forget_last_step(issued)
             return
         produced = 0
+        refused = self._advance_matchers(issued, ids)
         for row in issued.plan.rows:
             task = row.task
             if task.finished:
@@ -52,7 +56,7 @@ class ResultProcessor:
             try:
                 if row.samples:
                     produced += 1
-                    self._accept(task, ids[row.sample_row], issued, row.sample_row)
+                    self._accept(task, ids[row.sample_row], issued, row.sample_row, task.task_id in refused)
                 elif row.kind is RowKind.PREFILL and row.stop == task.prompt_len and task.sampling.max_tokens == 0:
                     self.finisher.finish(task, "length", task.event())
             except Exception as error:
@@ -60,11 +64,28 @@ class ResultProcessor:
                 self.finisher.fail(task, error)
         self.metrics.add_generated(produced)
 
-    def _accept(self, task: EngineTask, token: int, issued: IssuedStep, sample_row: int) -> None:
+    @staticmethod
+    def _advance_matchers(issued: IssuedStep, ids: list[int]) -> set[int]:
+        """Every live matcher of the step advanced by its row's id, all at once (GIL released);
+        returns the ids of the tasks whose grammar refused its token."""
+        rows = [row for row in issued.plan.rows if row.samples and row.task.matcher is not None and not row.task.finished]
+        if not rows:
+            return set()
+        pairs = [(row.task.matcher, ids[row.sample_row]) for row in rows if row.task.matcher is not None]
+        return {row.task.task_id for row, accepted in zip(rows, advance_all(pairs)) if not accepted}
+
+    def _accept(self, task: EngineTask, token: int, issued: IssuedStep, sample_row: int, refused: bool = False) -> None:
+        """`refused`: the task's grammar (already advanced by `token`) did not allow it."""
         assert task.text_stream is not None
         task.completion_tokens += 1
         sampling = task.sampling
-        text, reason, stop_token = accept_token(task.text_stream, token, sampling.stop_token_ids, task.completion_tokens, sampling.max_tokens)
+        matcher = task.matcher
+        if matcher is not None and refused:
+            raise ConstraintError(f"the output grammar refused the sampled token {token}: {matcher.error()}")
+        complete = matcher is not None and matcher.is_terminated()
+        text, reason, stop_token = accept_token(
+            task.text_stream, token, sampling.stop_token_ids, task.completion_tokens, sampling.max_tokens, complete
+        )
         event = task.event(text, [] if stop_token else [token])
         if issued.logprobs is not None and sample_row in issued.logprob_rows:
             event.logprobs = [self._logprob(task, token, issued.logprobs, issued.logprob_rows[sample_row])]

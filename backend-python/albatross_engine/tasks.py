@@ -17,6 +17,7 @@ from albatross_engine.state_store import PrefixHasher
 from runner.interface import FinishReason, GenerationEvent, SamplingParams
 
 if TYPE_CHECKING:
+    from albatross.constraints import CompiledGrammar, TokenMatcher
     from albatross.detokenizer import TextStream
     from albatross_engine.initial_state import EngineInitialState
 
@@ -155,6 +156,7 @@ class EngineTask:
     # A state file's state, the start of a task with no saved state and no cached prefix (None: zeros).
     initial_state: EngineInitialState | None = None
     penalized_prompt_ids: list[int] = field(default_factory=list)  # counted in the penalties from the start
+    grammar: CompiledGrammar | None = None  # the output constraint, compiled by the adapter
     task_id: int = field(default_factory=lambda: next(_task_ids))
     abort_requested: bool = False
     worker_index: int = -1
@@ -179,6 +181,9 @@ class EngineTask:
     final_feed_pending: bool = False  # finished, but its last token must be fed before the state is saved
     held_event: GenerationEvent | None = None  # the final event, sent once the state is saved
     text_stream: TextStream | None = None
+    # The grammar's position: made at admission, advanced by each processed token, freed when the
+    # task ends (`free_matcher`), so that a waiting task holds none and an ended one none either.
+    matcher: TokenMatcher | None = None
 
     def __post_init__(self) -> None:
         if self.sampling.max_tokens > 0 and not self.prompt_tokens:
@@ -205,6 +210,11 @@ class EngineTask:
     def wants_sample(self) -> bool:
         """Whether an issued step may still sample a token for this task."""
         return self.finish_reason is None and self.sampled < self.sampling.max_tokens
+
+    def free_matcher(self) -> None:
+        if self.matcher is not None:
+            self.matcher.free()
+            self.matcher = None
 
     def event(self, text: str = "", token_ids: list[int] | None = None) -> GenerationEvent:
         """An event of this task's output so far (its counters as they are now)."""

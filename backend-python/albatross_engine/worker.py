@@ -8,6 +8,9 @@ sampled ids into events (`ResultProcessor`, which ends tasks through the `Finish
 With `overlap` the host work of step N runs after step N+1 has been issued, so on a GPU it runs
 while the device computes. A task found finished while processing step N already has a row in
 step N+1; that row's sample is dropped and not counted, so outputs are identical either way.
+
+Rows under a grammar sample once their masks are known (`GrammarMasks`): after the host work of
+the step before (which advanced their matchers), before the next step is issued.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from albatross_engine.config import AlbatrossBackendConfig
 from albatross_engine.device_step import DeviceStep, IssuedStep, RowInputsRefused, free_device_memory
 from albatross_engine.finishing import Finisher, fail_all
 from albatross_engine.memory_plan import MemoryPlan, MemoryPlanError, MemoryRequest, plan_memory
+from albatross_engine.grammar_masks import GrammarMasks
 from albatross_engine.metrics import WorkerMetrics
 from albatross_engine.results import ResultProcessor
 from albatross_engine.saved_states import SavedStates
@@ -94,6 +98,7 @@ class Worker:
         self._saved_states: SavedStates | None = None
         self._finisher: Finisher | None = None
         self._results: ResultProcessor | None = None
+        self._masks: GrammarMasks | None = None
         self._pending: IssuedStep | None = None  # issued, host work not done yet (overlap)
         self._last_ids_at: float | None = None  # when the last processed step's ids reached the host
         self._thread = threading.Thread(target=self._run, name=f"albatross-worker-{index}", daemon=True)
@@ -193,6 +198,7 @@ class Worker:
         self._saved_states = SavedStates(device_step, self.metrics, self._prompt_ends, self._store)
         self._finisher = Finisher(self._scheduler, self._outbox, self.metrics, self._saved_states, device_step, self._finished_one)
         self._results = ResultProcessor(device_step, self._finisher, self._outbox, self.metrics, self.tokenizer)
+        self._masks = GrammarMasks(device_step, self._finisher, self.metrics)
 
     def _plan(self, model_config: ModelConfig, weights: str, dtype: torch.dtype, resident_weight_bytes: int = 0) -> None:
         """Check the request against this device's free memory; lower what may be lowered (one log
@@ -250,10 +256,15 @@ class Worker:
         issued = self._issue(plan, finisher) if plan else None
         if self.overlap:
             previous, self._pending = self._pending, issued
+            if previous is not None:
+                results.process(previous)  # advances the matchers that the masks of `issued` need
+            if issued is not None:
+                self._sample_masked(issued, finisher)
         else:
             previous = issued
-        if previous is not None:
-            results.process(previous)
+            if issued is not None:
+                self._sample_masked(issued, finisher)
+                results.process(issued)
         self._feed_step_time(previous)
         if not (plan or previous or admitted or aborts) and self._scheduler.running:
             # Running tasks with nothing to do would never finish: fail them rather than hang.
@@ -284,6 +295,8 @@ class Worker:
                     raise ValueError(f"prompt token ids must be within [0, {vocab})")
                 task.seed32 = seed_to_seed32(task.seed)
                 task.text_stream = TextStream(self.tokenizer, task.sampling.stop)
+                if task.grammar is not None:
+                    task.matcher = task.grammar.matcher()
                 saved_states.prepare(task)
                 if task.penalized_prompt_ids:
                     device_step.penalties.seed(task.slot, task.penalized_prompt_ids, task.sampling)
@@ -316,6 +329,17 @@ class Worker:
             if row.kind is RowKind.FEED and row.task.finished:
                 finisher.save_final(row.task)
         return issued
+
+    def _sample_masked(self, issued: IssuedStep, finisher: Finisher) -> None:
+        masks, device_step = self._masks, self.device_step
+        assert masks is not None and device_step is not None
+        try:
+            masks.sample(issued)
+        except Exception as error:
+            logger.exception("albatross worker %d: sampling masked rows failed; failing the step's %d rows", self.index, len(issued.plan.rows))
+            issued.masked = None  # its ids are lost with its rows
+            finisher.fail_rows(issued.plan.rows, error)
+            device_step.forget_last_step(issued)
 
     def _start_followers(self, leader: EngineTask, finisher: Finisher) -> None:
         assert self.device_step is not None
@@ -356,6 +380,7 @@ class Worker:
     def _release_device(self) -> None:
         self.device_step = None
         self._saved_states = self._finisher = self._results = None
+        self._masks = None
         self._pending = None
         if self.device.type == "cuda":
             torch.cuda.empty_cache()

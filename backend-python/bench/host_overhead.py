@@ -11,6 +11,12 @@ sum of its step times.
     python bench/host_overhead.py --requests 64 --batch 64 --max-tokens 64
     python bench/host_overhead.py --mixed 18,26,40 --latency --itl-target-ms 0    # static budget
     python bench/host_overhead.py --mixed 18,26,40 --latency --itl-target-ms 150  # adaptive budget
+    python bench/host_overhead.py --constrained 0.1   # 10% of the requests under structured_benchmark.py's schema
+
+With `--constrained`, the masked rows of a step are sampled on the simulated device once the worker
+has filled their masks (an allowed id picked from each mask, on the host, timed and reported apart
+so it can be discounted); the device waits for that call, so mask work that does not fit under the
+forward shows up as idle time.
 
 Prints the run's wall time, the simulated device's busy time, the idle time between steps, and
 the CPU time per step of the worker threads, the caller's loop and the whole process. `--latency`
@@ -34,14 +40,18 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import numpy as np
+
+from albatross.constraints import MASK_WORDS, json_schema_grammar
 from albatross.model import RWKV7
 from albatross.random_checkpoint import random_state_dict
 from albatross_engine import worker as worker_module
 from albatross_engine.adapter import AlbatrossRWKV, parse_random_spec
-from albatross_engine.device_step import IssuedStep
+from albatross_engine.device_step import IssuedStep, MaskedRows
 from albatross_engine.scheduler import StepPlan
 from engine_benchmark import RequestTiming, one_request, percentiles  # bench/ is the script's folder
-from runner.interface import GenerationRequest, SamplingParams
+from runner.interface import GenerationRequest, OutputConstraint, SamplingParams
+from structured_benchmark import benchmark_schema
 
 
 class _DeviceClock:
@@ -55,6 +65,17 @@ class _DeviceClock:
         self.idle = 0.0
         self.idle_by_kind: dict[str, float] = {}  # idle before a step, by the kind of that step
         self.lock = threading.Lock()
+
+    def run_after(self, ms: float) -> float:
+        """A call issued now that runs after everything queued (the masked rows' sampler call)."""
+        now = time.perf_counter()
+        with self.lock:
+            if now > self.free_at:
+                self.idle += now - self.free_at
+                self.idle_by_kind["masked"] = self.idle_by_kind.get("masked", 0.0) + now - self.free_at
+            self.free_at = max(now, self.free_at) + ms / 1000
+            self.busy += ms / 1000
+            return self.free_at
 
     def run(self, plan: StepPlan) -> float:
         ms = (self.decode_ms if not plan.prefill_tokens
@@ -85,7 +106,9 @@ class SimulatedDeviceStep:
     """`DeviceStep`'s interface, with a device clock instead of a model."""
 
     timing: tuple[float, tuple[float, float, float]] = (38.7, (67.0, 20.9, 13.5))  # set by main()
+    masked_ms = 0.5  # the masked rows' sampler call (mask copy, constrain and sample kernels); set by main()
     clocks: list[_DeviceClock] = []  # one per worker (each worker has its own device)
+    pick_seconds = 0.0  # host time spent picking the simulated masked samples (not the engine's)
 
     def __init__(self, model: RWKV7, batch_size: int, state_dtype: str = "fp32", cuda_graphs: bool = True) -> None:
         self.clock = _DeviceClock(*self.timing)
@@ -94,13 +117,50 @@ class SimulatedDeviceStep:
         self.vocab_size = model.config.vocab_size
         self.device = model.device
         self._rng = random.Random(0)
+        self._np_rng = np.random.default_rng(0)
+        self._masks = np.zeros((batch_size, MASK_WORDS), dtype=np.int32)
+        self._masked_rows: dict[int, list[int]] = {}  # id(issued) -> the sample rows of its masked rows
 
     def issue(self, plan: StepPlan) -> IssuedStep:
         issued = IssuedStep(plan)
-        issued.copied = _Done(self.clock.run(plan))  # type: ignore[assignment]
+        done = self.clock.run(plan)
         ids = [self._rng.randrange(1, 65530) for _ in range(plan.sample_count)]
         issued.host_ids = torch.tensor(ids, dtype=torch.int64)
+        masked = [row for row in plan.rows if row.samples and row.task.matcher is not None]
+        if masked:
+            issued.masked = MaskedRows(tasks=[row.task for row in masked], logits=None, inputs=None)  # type: ignore[arg-type]
+            self._masked_rows[id(issued)] = [row.sample_row for row in masked]
+        else:
+            issued.copied = _Done(done)  # type: ignore[assignment]
         return issued
+
+    def mask_rows(self, count: int) -> np.ndarray:
+        return self._masks[:count]
+
+    def sample_masked(self, issued: IssuedStep, mask_index: list[int], mask_count: int) -> None:
+        """An allowed id per masked row: the lowest set bit of a random word, else of the first
+        nonzero word (structural positions allow few ids)."""
+        issued.masked = None
+        started = time.perf_counter()
+        sample_rows = self._masked_rows.pop(id(issued))
+        assert issued.host_ids is not None
+        words = self._masks[:mask_count].view(np.uint32)
+        if mask_count:
+            pick = self._np_rng.integers(0, MASK_WORDS, mask_count)
+            chosen = words[np.arange(mask_count), pick]
+            empty = chosen == 0
+            if empty.any():
+                first = np.argmax(words[empty] != 0, axis=1)
+                pick[empty], chosen[empty] = first, words[empty][np.arange(len(first)), first]
+            lowest = chosen & (~chosen + np.uint32(1))  # the word's lowest set bit
+            bits = np.log2(np.maximum(lowest, 1)).astype(np.int64)
+        ids = issued.host_ids.tolist()
+        for n, sample_row in enumerate(sample_rows):
+            k = mask_index[n]
+            ids[sample_row] = 32 * int(pick[k]) + int(bits[k]) if k >= 0 else self._rng.randrange(1, 65530)
+        issued.host_ids = torch.tensor(ids, dtype=torch.int64)
+        SimulatedDeviceStep.pick_seconds += time.perf_counter() - started
+        issued.copied = _Done(self.clock.run_after(self.masked_ms))  # type: ignore[assignment]
 
     def reset_slots(self, slots: list[int]) -> None:
         pass
@@ -119,9 +179,15 @@ async def _run(backend: AlbatrossRWKV, args: argparse.Namespace, timings: list[R
     """Every request at once; with `--latency` each one's timing is recorded into `timings`."""
     rng = random.Random(args.seed)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, top_p=0.6, top_k=50, stop=(), stop_token_ids=())
+    constraint = OutputConstraint(json_schema_grammar(benchmark_schema()), "response_format json_schema")
+    constrained = int(round(args.constrained * args.requests))
     requests = [
-        GenerationRequest([rng.randrange(1, 65530) for _ in range(rng.randint(args.prompt_min, args.prompt_max))], params)
-        for _ in range(args.requests)
+        GenerationRequest(
+            [rng.randrange(1, 65530) for _ in range(rng.randint(args.prompt_min, args.prompt_max))],
+            params,
+            constraint=constraint if n % args.requests < constrained else None,
+        )
+        for n in range(args.requests)
     ]
     generated = 0
 
@@ -156,6 +222,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--decode-ms", type=float, default=38.7, help="a decode-only step (H200, 7.2B, 960 rows)")
+    parser.add_argument("--constrained", type=float, default=0.0, help="fraction of the requests under structured_benchmark.py's 20-property schema")
+    parser.add_argument("--masked-ms", type=float, default=0.5, help="the masked rows' sampler call on the device")
     parser.add_argument("--mixed", default="67,20.9,13.5",
                         help="a step with prompt chunks: ms, us per prompt token, us per decode row (H200 fit; "
                              "18,26,40 is the fit of docs/performance.md's adaptive-budget section)")  # fmt: skip
@@ -169,6 +237,7 @@ def main(argv: list[str] | None = None) -> None:
     }
 
     SimulatedDeviceStep.timing = (args.decode_ms, tuple(float(x) for x in args.mixed.split(",")))  # type: ignore[assignment]
+    SimulatedDeviceStep.masked_ms = args.masked_ms
     worker_module.DeviceStep = SimulatedDeviceStep  # type: ignore[misc,assignment]
     if args.workers == 1:
         shape, seed = parse_random_spec("2x64")
@@ -190,6 +259,8 @@ def main(argv: list[str] | None = None) -> None:
         status = backend.status()
         steps = int(status.get("steps", 0))  # type: ignore[call-overload]  # all workers' steps
         budgets = [worker._scheduler.budget.describe() for worker in backend.core.workers]  # the workers' own schedulers
+        masked = int(status.get("masked_samples_total", 0))  # type: ignore[call-overload]
+        fill_ms = float(status.get("mask_fill_ms_total", 0.0))  # type: ignore[arg-type]
     finally:
         backend.shutdown()
     clock = _DeviceClock(*SimulatedDeviceStep.timing)  # the workers' clocks, summed
@@ -211,6 +282,10 @@ def main(argv: list[str] | None = None) -> None:
         itl = percentiles([g for t in timings for g in t.gaps_s])
         print(f"latency (simulated device, CPU host): TTFT p50 {ttft['p50']:.0f} / p90 {ttft['p90']:.0f} / p99 {ttft['p99']:.0f} ms; "
               f"inter-token p50 {itl['p50']:.1f} / p90 {itl['p90']:.1f} / p99 {itl['p99']:.1f} ms")  # fmt: skip
+    if args.constrained:
+        print(f"masked samples {masked} ({masked / max(steps, 1):.0f} a step): mask fill {fill_ms / max(steps, 1):.2f} ms a step "
+              f"({1000 * fill_ms / max(masked, 1):.1f} us a mask); idle before masked sampler calls {clock.idle_by_kind.get('masked', 0.0):.2f} s; "
+              f"the simulation's own picking of masked ids {1000 * SimulatedDeviceStep.pick_seconds / max(steps, 1):.2f} ms a step (worker CPU above includes it)")  # fmt: skip
 
 
 if __name__ == "__main__":

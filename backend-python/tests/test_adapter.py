@@ -45,14 +45,22 @@ def test_run_rnn_is_refused_with_a_helpful_message(backend: AlbatrossRWKV) -> No
         backend.run_rnn([1, 2])
 
 
-def test_constraints_and_logit_bias_are_refused_until_the_engine_samples_with_them(backend: AlbatrossRWKV) -> None:
-    constrained = GenerationRequest([1, 2], SamplingParams(max_tokens=2), constraint=OutputConstraint('start: "x"', "response_format json_object"))
-    with pytest.raises(BackendError, match="response_format json_object is not supported by the albatross backend yet") as refused:
-        list(backend.generate(constrained))
+def test_a_grammar_that_cannot_be_enforced_and_a_bias_outside_the_vocabulary_are_400s(backend: AlbatrossRWKV) -> None:
+    broken = GenerationRequest([1, 2], SamplingParams(max_tokens=2), constraint=OutputConstraint("start: missing_rule", "tools"))
+    with pytest.raises(BackendError, match="^tools: the grammar cannot be enforced") as refused:
+        list(backend.generate(broken))
     assert refused.value.status_code == 400
-    with pytest.raises(BackendError, match="logit_bias is not supported by the albatross backend yet"):
-        list(backend.generate(GenerationRequest([1, 2], SamplingParams(max_tokens=2, logit_bias=((5, 1.0),)))))
+    with pytest.raises(BackendError, match=r"logit_bias token ids must lie in \[0, 65536\); got \[70000\]") as refused:
+        list(backend.generate(GenerationRequest([1, 2], SamplingParams(max_tokens=2, logit_bias=((70000, 1.0),)))))
+    assert refused.value.status_code == 400
     assert len(list(backend.generate(GenerationRequest([1, 2], SamplingParams(max_tokens=2))))) >= 1, "the engine keeps serving"
+
+
+def test_a_constrained_request_produces_its_grammar_and_stops_there(backend: AlbatrossRWKV) -> None:
+    request = GenerationRequest([1, 2], SamplingParams(max_tokens=50), constraint=OutputConstraint('start: "yes" | "no"', "test"))
+    events = list(backend.generate(request))
+    assert "".join(e.text for e in events) in ("yes", "no")
+    assert events[-1].finish_reason == "stop"
 
 
 def test_status_shows_the_effective_config_and_live_metrics(backend: AlbatrossRWKV) -> None:

@@ -166,6 +166,28 @@ def test_parallel_fills_equal_one_by_one_fills_and_report_failed_matchers(compil
         constraints.fill_bitmasks([(matchers[0], 6)], out)
 
 
+def test_parallel_advances_equal_one_by_one_advances_and_report_refused_tokens(compiler: ConstraintCompiler) -> None:
+    tokenizer = get_tokenizer()
+    grammar = compiler.compile(json_schema_grammar(PERSON))
+    texts = [' {"name": "a', ' {"name": "ab", "age": 1', ' {"name": "ab", "age": 12, "role": "']
+    together = [grammar.matcher() for _ in texts]
+    alone = [grammar.matcher() for _ in texts]
+    steps = [tokenizer.encode(text) for text in texts]
+    for position in range(max(map(len, steps))):
+        live = [n for n, ids in enumerate(steps) if position < len(ids)]
+        accepted = constraints.advance_all([(together[n], steps[n][position]) for n in live])
+        assert accepted == [alone[n].advance(steps[n][position]) for n in live] == [True] * len(live)
+    for matcher, single in zip(together, alone):
+        assert (matcher.can_end(), matcher.is_terminated()) == (single.can_end(), single.is_terminated())
+        rows = np.zeros((2, MASK_WORDS), dtype=np.int32)
+        matcher.fill_bitmask(rows[0])
+        single.fill_bitmask(rows[1])
+        assert np.array_equal(rows[0], rows[1])
+    refused = constraints.advance_all([(together[0], 0), (together[1], tokenizer.encode("3")[0])])
+    assert refused == [False, True], "the end of text inside a string is refused; a digit after a digit is not"
+    assert together[0].error() and constraints.advance_all([]) == []
+
+
 def test_a_mask_row_must_be_the_right_shape(compiler: ConstraintCompiler) -> None:
     matcher = compiler.compile(json_schema_grammar({"type": "null"})).matcher()
     with pytest.raises(ValueError, match="int32"):

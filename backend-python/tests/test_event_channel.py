@@ -84,7 +84,12 @@ def test_async_generate_merges_queued_events_and_raises_a_queued_error_after_the
     backend = AlbatrossRWKV.__new__(AlbatrossRWKV)
     core = Core()
     backend._core = core  # type: ignore[assignment]
-    backend._task = lambda request, channel: channel  # type: ignore[method-assign]
+    backend._task = lambda request, channel, grammar: channel  # type: ignore[method-assign]
+
+    async def no_grammar(request: object) -> None:
+        return None
+
+    backend._compile_off_loop = no_grammar  # type: ignore[method-assign,assignment]
 
     async def scenario() -> tuple[list[GenerationEvent], BaseException | None]:
         stream = backend.async_generate(None)  # type: ignore[arg-type]

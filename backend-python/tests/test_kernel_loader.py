@@ -327,6 +327,12 @@ def test_repository_manifest_entries_point_at_files_with_their_sha256() -> None:
 # twins. The next rebuild adds them, and the test below then asks for this set to be emptied.
 AWAITING_BUILD: frozenset[str] = frozenset()
 BUILT = tuple(name for name in kernel_build.KERNEL_SOURCES if name not in AWAITING_BUILD)
+# Libraries whose sources changed since their committed binaries were built, on a branch without a
+# GPU (binaries come only from the lead's build_kernels.py run): a GPU JIT-builds them meanwhile.
+# The rebuild makes them fresh, and test_repository_binaries_were_built_from_this_checkouts_sources
+# then asks for this set to be emptied.
+AWAITING_REBUILD = frozenset({"sampler"})
+FRESH = tuple(name for name in BUILT if name not in AWAITING_REBUILD)
 
 
 def _ops_of(library: str) -> set[str]:
@@ -342,9 +348,13 @@ def test_libraries_awaiting_a_build_have_no_binary_yet() -> None:
 
 def test_repository_binaries_were_built_from_this_checkouts_sources() -> None:
     """A source edit makes a library's committed binary stale (the loader would refuse it and
-    compile): the edit and the rebuild go together."""
+    compile): the edit and the rebuild go together, or the library waits in AWAITING_REBUILD."""
     for item in kernel_loader.read_manifest():
-        assert item.source == kernel_build.source_digest(item.name), f"{item.path} is stale: rerun build_kernels.py"
+        fresh = item.source == kernel_build.source_digest(item.name)
+        if item.name in AWAITING_REBUILD:
+            assert not fresh, f"{item.path} is fresh now: remove {item.name} from AWAITING_REBUILD"
+        else:
+            assert fresh, f"{item.path} is stale: rerun build_kernels.py"
 
 
 def test_repository_binaries_cover_every_library_and_gpu_generation() -> None:
@@ -389,7 +399,7 @@ def test_this_gpu_takes_the_committed_binaries_without_compiling(tmp_path: Path)
     """On the H200: the sm90 cubins of the committed fat binaries, nothing compiled."""
     script = (
         "from albatross import cuda_ops, kernel_loader as k, ops; "
-        f"results = k.load_kernels({BUILT!r}, allow_jit=False); "
+        f"results = k.load_kernels({FRESH!r}, allow_jit=False); "
         "print([(r.how, r.notes) for r in results.values()]); "
         "print(k.current_cuda_arch(), sorted(ops.registered_cuda_ops()))"
     )
@@ -401,8 +411,8 @@ def test_this_gpu_takes_the_committed_binaries_without_compiling(tmp_path: Path)
     assert choice is not None, f"no committed binary for {device}"
     expected_note = f"{choice.arch} code for this {device} GPU"
     lines = done.stdout.splitlines()
-    assert lines[0] == str([("prebuilt", [expected_note])] * len(BUILT)), done.stdout + done.stderr
-    served = sorted(set().union(*(_ops_of(name) for name in BUILT)))
+    assert lines[0] == str([("prebuilt", [expected_note])] * len(FRESH)), done.stdout + done.stderr
+    served = sorted(set().union(*(_ops_of(name) for name in FRESH)))
     assert lines[1] == f"{device} {served}", "every op of a committed library has its CUDA kernel"
     assert not (tmp_path / "cache").exists(), "nothing may be compiled"
     if device == "sm90":

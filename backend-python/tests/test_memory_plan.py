@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from albatross.checkpoint import validate_state_dict
+from albatross.constraints import MASK_WORDS
 from albatross.model import RWKV7
 from albatross.random_checkpoint import NAMED_SHAPES, CheckpointShape, random_state_dict
 from albatross.sampler import PenaltyPool
@@ -51,12 +52,13 @@ def test_weight_bytes_are_exactly_what_the_model_keeps(shape: CheckpointShape, w
         assert weight_bytes(config, weights, dtype.itemsize) == model.weight_bytes(), f"{weights} at {dtype}"
 
 
-def test_state_bytes_are_the_pool_the_scratch_slot_and_the_penalty_rows() -> None:
+def test_state_bytes_are_the_pool_the_scratch_slot_the_penalty_rows_and_the_mask_rows() -> None:
     shape = CheckpointShape(n_layer=2, n_embd=128)
     model = RWKV7.from_state_dict(random_state_dict(shape, seed=1), "cpu", torch.float32, progress=False)
     pool, penalties = StatePool(model, 5, torch.float16), PenaltyPool(4, 65536)
+    masks = torch.zeros(4, MASK_WORDS, dtype=torch.int32)  # DeviceStep's device rows of grammar masks
     request = MemoryRequest(model.config, "fp16", 4, 2, batch_size=4, prefill_chunk=64, prefill_budget=256, cuda_graphs=True)
-    in_use = pool.nbytes + sum(t.numel() * t.element_size() for t in (penalties.penalties, penalties.seen))
+    in_use = pool.nbytes + sum(t.numel() * t.element_size() for t in (penalties.penalties, penalties.seen, masks))
     assert state_bytes(request) == in_use
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from albatross.sampler import AllowedTokens, LogitBias, PenaltyPool, SamplingBatch, sample, seed_to_seed32, unpack_bitmask
+from albatross.sampler import AllowedTokens, LogitBias, PenaltyPool, SamplingBatch, kept_mask, sample, seed_to_seed32, unpack_bitmask
 from runner.interface import SamplingParams
 
 VOCAB = 4096
@@ -153,10 +153,15 @@ def test_penalties_still_apply_inside_the_mask() -> None:
     assert (first, second) == (10, 20), "the penalised id 10 (5 - 2 < 4) gives way to id 20"
 
 
-def test_a_mask_that_allows_nothing_is_refused() -> None:
-    batch = SamplingBatch.from_params([PLAIN, PLAIN], [1, 2], [0, 0], allowed=_allowed([set(), None]))
-    with pytest.raises(ValueError, match=r"rows \[0\]"):
-        sample(torch.zeros(2, VOCAB), torch.arange(2), batch, PenaltyPool(2, VOCAB))
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_mask_that_allows_nothing_gives_the_end_of_text_id(temperature: float) -> None:
+    """The sampler cannot raise on the device; it gives id 0, which the row's grammar then refuses."""
+    logits = torch.randn(2, VOCAB, generator=torch.Generator().manual_seed(4))
+    logits[:, 0] = -50.0
+    batch = SamplingBatch.from_params([replace(PLAIN, temperature=temperature)] * 2, [1, 2], [0, 0], allowed=_allowed([set(), None]))
+    ids = sample(logits, torch.arange(2), batch, PenaltyPool(2, VOCAB)).tolist()
+    assert ids[0] == 0
+    assert ids[1] != 0, "the unconstrained row is not affected"
 
 
 def test_unpacking_puts_id_t_at_bit_t_mod_32_of_word_t_div_32() -> None:
@@ -178,25 +183,156 @@ def test_no_bias_anywhere_builds_no_bias_and_shapes_are_checked() -> None:
         replace(PLAIN, logit_bias=((5, 1.0), (5, 2.0)))
 
 
+# ---------------------------------------------------------------------------- the CUDA kernel
+
+needs_gpu = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+GPU_VOCAB = 65536  # the real vocabulary: the kernel's candidate search depends on the row length
+GPU_SETTINGS = {
+    "greedy": replace(PLAIN, temperature=0.0),
+    "plain": PLAIN,
+    "top_k": replace(PLAIN, temperature=0.9, top_k=40),
+    "top_p": replace(PLAIN, temperature=1.1, top_p=0.9),
+    "both": replace(PLAIN, temperature=0.7, top_k=2000, top_p=0.95),
+}
+
+
+def _gpu_case(rows: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, list[dict[int, float]], list[set[int] | None]]:
+    """Rows of the real vocabulary: masks of 1 to 40,000 ids (and none), sparse biases."""
+    generator = torch.Generator().manual_seed(seed)
+    logits = torch.randn(rows, GPU_VOCAB, generator=generator) * 3
+    penalty = torch.rand(rows, GPU_VOCAB, generator=generator) * (torch.rand(rows, GPU_VOCAB, generator=generator) < 0.05)
+    rng = np.random.default_rng(seed)
+    biases: list[dict[int, float]] = []
+    masks: list[set[int] | None] = []
+    for r in range(rows):
+        bias = {int(i): float(rng.uniform(-100, 100)) for i in rng.choice(GPU_VOCAB, size=int(rng.integers(0, 8)), replace=False)}
+        biases.append(bias if r % 3 else {})
+        size = [1, 3, 17, 500, 1023, 1500, 40000, 0][r % 8]
+        masks.append(None if size == 0 else {int(i) for i in rng.choice(GPU_VOCAB, size=size, replace=False)})
+    return logits, penalty, biases, masks
+
+
+def _gpu_allowed(masks: list[set[int] | None]) -> AllowedTokens:
+    rows = [m for m in masks if m is not None]
+    index, next_row = [], 0
+    for mask in masks:
+        index.append(-1 if mask is None else next_row)
+        next_row += mask is not None
+    words = torch.from_numpy(np.stack([_pack(m, GPU_VOCAB) for m in rows]))
+    return AllowedTokens(index=torch.tensor(index, dtype=torch.int64).cuda(), words=words.cuda())
+
+
+def _at_a_rounding_boundary(adjusted: torch.Tensor, settings: SamplingParams, u: float, token: int) -> bool:
+    """A sampled id that differs from the twin's is acceptable only where fp32 sums may decide
+    either way: the id is kept (or on a threshold's edge) and the draw's target lies within
+    summation error of its cumulative interval (in id order)."""
+    probs = torch.softmax(adjusted.double() / settings.temperature, dim=-1)
+    kept = kept_mask(probs[None].float(), torch.tensor([settings.top_k]), torch.tensor([settings.top_p]))[0]
+    masses = torch.where(kept, probs, torch.zeros_like(probs))
+    cumulative = masses.cumsum(0)
+    target, slack = u * cumulative[-1].item(), 1e-5 * cumulative[-1].item()
+    upper, lower = cumulative[token].item(), cumulative[token].item() - masses[token].item()
+    return bool(probs[token] > 0) and lower - slack <= target <= upper + slack
+
+
 @pytest.mark.cuda
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
-@pytest.mark.parametrize("temperature", [0.0, 0.9])
-def test_on_the_gpu_masks_and_biases_are_applied(temperature: float) -> None:
-    """Until the CUDA kernel takes masks and biases, ops.sample must not drop them: greedy rows
-    equal the CPU twin's, sampled rows stay inside their masks (fp32 sums on the GPU may move a
-    top-p boundary, so sampled ids are not compared one for one)."""
+@needs_gpu
+@pytest.mark.parametrize("name", list(GPU_SETTINGS))
+@pytest.mark.parametrize("rows", [8, 96], ids=["8 rows", "96 rows"])
+def test_the_cuda_kernel_applies_masks_and_biases_as_the_twin_does(name: str, rows: int) -> None:
+    """Greedy rows equal the twin's exactly; a sampled row equals it or sits at a rounding boundary;
+    every id lies inside its mask; penalties are updated alike."""
     from albatross import cuda_ops, ops
 
     cuda_ops.enable_cuda_kernels()
-    rows = 24
-    logits, _, biases, masks = _random_case(rows, seed=21)
-    params = [replace(PLAIN, temperature=temperature, top_p=0.9, logit_bias=tuple(sorted(bias.items()))) for bias in biases]
-    seeds, steps = [seed_to_seed32(r) for r in range(rows)], list(range(rows))
-    allowed = _allowed(masks)
-    expected = sample(logits, torch.arange(rows), SamplingBatch.from_params(params, seeds, steps, allowed=allowed), PenaltyPool(rows, VOCAB))
-    gpu_allowed = AllowedTokens(index=allowed.index.cuda(), words=allowed.words.cuda())
-    batch = SamplingBatch.from_params(params, seeds, steps, device="cuda", allowed=gpu_allowed)
-    got = ops.sample(logits.cuda(), torch.arange(rows, device="cuda"), batch, PenaltyPool(rows, VOCAB, device="cuda")).cpu().tolist()
-    assert all(mask is None or token in mask for token, mask in zip(got, masks)), "a sampled id left its mask"
-    if temperature == 0.0:
-        assert got == expected.tolist()
+    assert "sample" in ops.registered_cuda_ops(), "the sampler kernel did not load"
+    settings = GPU_SETTINGS[name]
+    logits, penalty, biases, masks = _gpu_case(rows, seed=rows)
+    params = [replace(settings, logit_bias=tuple(sorted(bias.items())), presence_penalty=0.4, frequency_penalty=0.2, penalty_decay=0.9) for bias in biases]
+    seeds, steps = [seed_to_seed32(r) for r in range(rows)], [3 * r for r in range(rows)]
+    allowed = _gpu_allowed(masks)
+    twin_pool = PenaltyPool(rows, GPU_VOCAB)
+    twin_pool.penalties.copy_(penalty)
+    twin_batch = SamplingBatch.from_params(params, seeds, steps, allowed=AllowedTokens(allowed.index.cpu(), allowed.words.cpu()))
+    expected = sample(logits, torch.arange(rows), twin_batch, twin_pool).tolist()
+    pool = PenaltyPool(rows, GPU_VOCAB, device="cuda")
+    pool.penalties.copy_(penalty)
+    batch = SamplingBatch.from_params(params, seeds, steps, device="cuda", allowed=allowed)
+    got = ops.sample(logits.cuda(), torch.arange(rows, device="cuda"), batch, pool).cpu().tolist()
+    for r in range(rows):
+        assert masks[r] is None or got[r] in masks[r], f"row {r}: id {got[r]} is outside its mask"
+        if got[r] == expected[r]:
+            continue
+        assert settings.temperature > 0, f"greedy row {r}: {got[r]} != {expected[r]}"
+        adjusted = logits[r] - penalty[r]
+        for token_id, value in biases[r].items():
+            adjusted[token_id] += value
+        if masks[r] is not None:
+            outside = torch.ones(GPU_VOCAB, dtype=torch.bool)
+            outside[list(masks[r])] = False
+            adjusted[outside] = float("-inf")
+        assert _at_a_rounding_boundary(adjusted, settings, _uniform_reference(seeds[r], steps[r]), got[r]), f"row {r}: {got[r]} != {expected[r]}"
+    # Penalties follow each row's own sample: compare where both samplers drew the same id.
+    same = [r for r in range(rows) if got[r] == expected[r]]
+    assert len(same) >= rows * 3 // 4, f"only {len(same)} of {rows} rows agree with the twin"
+    assert torch.allclose(pool.penalties.cpu()[same], twin_pool.penalties[same], rtol=1e-6, atol=1e-6)
+    assert torch.equal(pool.seen.cpu()[same], twin_pool.seen[same])
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_the_cuda_kernel_keeps_unconstrained_rows_as_they_are_alone_and_gives_0_for_an_empty_mask() -> None:
+    from albatross import cuda_ops, ops
+
+    cuda_ops.enable_cuda_kernels()
+    rows = 32
+    logits, _, biases, masks = _gpu_case(rows, seed=5)
+    masks = [None if r % 2 else m for r, m in enumerate(masks)]
+    masks[0] = set()  # allows nothing
+    params = [replace(PLAIN, temperature=0.8, top_p=0.9)] * rows
+    seeds, steps = [seed_to_seed32(100 + r) for r in range(rows)], [r for r in range(rows)]
+    plain = SamplingBatch.from_params(params, seeds, steps, device="cuda")
+    alone = ops.sample(logits.cuda(), torch.arange(rows, device="cuda"), plain, PenaltyPool(rows, GPU_VOCAB, device="cuda"), update_penalties=False)
+    mixed_batch = SamplingBatch.from_params(params, seeds, steps, device="cuda", allowed=_gpu_allowed(masks))
+    mixed = ops.sample(logits.cuda(), torch.arange(rows, device="cuda"), mixed_batch, PenaltyPool(rows, GPU_VOCAB, device="cuda"), update_penalties=False)
+    free = [r for r in range(rows) if masks[r] is None]
+    assert mixed[free].tolist() == alone[free].tolist(), "an unconstrained row changed next to masked rows"
+    assert int(mixed[0]) == 0, "a mask that allows nothing gives the end-of-text id"
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_the_cuda_kernel_refuses_half_given_masks_or_biases() -> None:
+    from albatross import cuda_ops
+
+    cuda_ops.enable_cuda_kernels()
+    rows, vocab = 2, 128
+    batch = SamplingBatch.from_params([PLAIN] * rows, [1, 2], [0, 0], device="cuda")
+    pool = PenaltyPool(rows, vocab, device="cuda")
+    args = (torch.zeros(rows, vocab, device="cuda"), torch.arange(rows, device="cuda"), batch.temperature, batch.top_p, batch.top_k,
+            batch.presence, batch.frequency, batch.decay, batch.seed32, batch.step, pool.penalties, pool.seen, False)  # fmt: skip
+    with pytest.raises(RuntimeError, match="mask_index and mask_words go together"):
+        torch.ops.albatross.sample(*args, torch.zeros(rows, dtype=torch.int64, device="cuda"), None)
+    with pytest.raises(RuntimeError, match="mask_index must be a contiguous int64 vector of length 2"):
+        torch.ops.albatross.sample(*args, torch.zeros(3, dtype=torch.int64, device="cuda"), torch.zeros(1, 4, dtype=torch.int32, device="cuda"))
+
+
+@pytest.mark.cuda
+@needs_gpu
+def test_the_masked_sampler_call_makes_no_host_sync() -> None:
+    """The engine issues it while the forward runs: a host sync there would stall the pipeline."""
+    from albatross import cuda_ops, ops
+
+    cuda_ops.enable_cuda_kernels()
+    rows = 16
+    logits, _, biases, masks = _gpu_case(rows, seed=8)
+    params = [replace(PLAIN, temperature=0.9, top_p=0.9, logit_bias=tuple(sorted(bias.items()))) for bias in biases]
+    batch = SamplingBatch.from_params(params, [seed_to_seed32(r) for r in range(rows)], list(range(rows)), device="cuda", allowed=_gpu_allowed(masks))
+    gpu_logits, slots, pool = logits.cuda(), torch.arange(rows, device="cuda"), PenaltyPool(rows, GPU_VOCAB, device="cuda")
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        ids = ops.sample(gpu_logits, slots, batch, pool)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert all(mask is None or token in mask for token, mask in zip(ids.tolist(), masks))

@@ -1,5 +1,5 @@
-"""Real clients' structured output and tools against a live server on the classic backend (random
-weights: only the constraint makes the answers parse): the official openai client's
+"""Real clients' structured output and tools against a live server on each backend (the classic
+one and the Albatross engine on the CPU; random weights: only the constraint makes the answers parse): the official openai client's
 `response_format`, `chat.completions.parse` with a pydantic model and tools, and LangChain's
 `with_structured_output` and `bind_tools`."""
 
@@ -18,6 +18,7 @@ openai = pytest.importorskip("openai")  # requirements-test.txt; absent on the G
 
 from runner.app import create_app
 from runner_fakes import live_server, settings_with
+from structured_cases import BACKENDS
 
 SAMPLED = {"temperature": 1.0, "top_p": 0.9, "max_tokens": 200}
 
@@ -40,9 +41,9 @@ class GetWeather(BaseModel):
     unit: Literal["C", "F"]
 
 
-@pytest.fixture(scope="module")
-def base_url(tiny_checkpoint: Path) -> Iterator[str]:
-    with live_server(create_app(settings_with(model_path=str(tiny_checkpoint), strategy="cpu fp32"))) as url:
+@pytest.fixture(scope="module", params=list(BACKENDS))
+def base_url(request: pytest.FixtureRequest, tiny_checkpoint: Path) -> Iterator[str]:
+    with live_server(create_app(settings_with(model_path=str(tiny_checkpoint), strategy=BACKENDS[request.param]))) as url:
         yield url
 
 

@@ -13,6 +13,12 @@
 //    most of the sampler's memory traffic.
 // The draw walks kept mass in id order: each thread owns a contiguous id range, a block scan gives
 // range offsets, and the one range where the cumulative mass reaches u * total is walked serially.
+//
+// Allowed-token masks and logit biases (step 0 of the definition) are a separate kernel,
+// `constrain_kernel`, run first only for a call that has either: it writes each row's
+// `logits - penalties + bias`, -inf outside the row's mask, into a scratch copy that the sampler
+// then reads as already-adjusted logits. The search itself only has to treat -inf (p = 0) ids as
+// what they are: never candidates, never kept.
 
 #include "common.cuh"
 
@@ -79,13 +85,14 @@ __device__ float block_sum(float v, float* scratch) {
   return warp_sum(v);
 }
 
-// Row context shared by every pass: p(e) = exp(l(e)/T - mx) / Z with l = logit - penalty.
+// Row context shared by every pass: p(e) = exp(l(e)/T - mx) / Z with l = logit - penalty (penalty
+// null: the logits are already adjusted by constrain_kernel).
 struct Row {
   const float* logits;
   const float* penalty;
   int vocab;
   float temperature, mx, sum;
-  __device__ __forceinline__ float adjusted(int e) const { return logits[e] - penalty[e]; }
+  __device__ __forceinline__ float adjusted(int e) const { return penalty ? logits[e] - penalty[e] : logits[e]; }
   __device__ __forceinline__ float prob(int e) const { return expf(adjusted(e) / temperature - mx) / sum; }
 };
 
@@ -248,11 +255,12 @@ struct FastShared {
   int first;
   int pick;
   int last;
+  int complete;  // every id with a finite l is a candidate (a masked row with fewer than k_c allowed)
   int use_fast;  // the first pass built the histogram
 };
 
 // The bin holding the k-th largest key, counting from the top, and how many lie above it (warp 0;
-// the result is published in shared memory). With fewer than k in all, bin 0.
+// the result is published in shared memory). With fewer than k in all, bin 0 and `complete`.
 __device__ void find_bin(FastShared& f, int k) {
   const int lane = threadIdx.x & 31;
   if (threadIdx.x < 32) {
@@ -262,6 +270,7 @@ __device__ void find_bin(FastShared& f, int k) {
     for (int q = 0; q < PER; ++q) mine += f.hist[hi - q];
     const int incl = warp_inclusive_scan(mine);
     const unsigned reached = __ballot_sync(0xffffffffu, incl >= k);
+    if (lane == 0) f.complete = reached == 0u;
     if (reached == 0u) {
       if (lane == 31) { f.bin = 0; f.above = incl - f.hist[0]; }
     } else if (lane == __ffs(reached) - 1) {
@@ -293,8 +302,9 @@ __device__ FastResult fast_sample(const Row& row, FastShared& f, int k_c, int64_
     for (int b = tid; b < BINS; b += THREADS) f.hist[b] = 0;
     __syncthreads();
     for (int e = tid; e < row.vocab; e += THREADS) {
-      const uint32_t key = order_key(row.adjusted(e));
-      if (static_cast<int>(key >> 21) == bin) atomicAdd(&f.hist[(key >> 10) & (BINS - 1)], 1);
+      const float l = row.adjusted(e);
+      const uint32_t key = order_key(l);
+      if (l > -INFINITY && static_cast<int>(key >> 21) == bin) atomicAdd(&f.hist[(key >> 10) & (BINS - 1)], 1);
     }
     __syncthreads();
     find_bin(f, k_c - above);
@@ -307,7 +317,8 @@ __device__ FastResult fast_sample(const Row& row, FastShared& f, int k_c, int64_
     const float l = row.adjusted(e);
     const uint32_t key = order_key(l);
     const int top = static_cast<int>(key >> 21);
-    if (top > bin || (top == bin && (sub_bin < 0 || static_cast<int>((key >> 10) & (BINS - 1)) >= sub_bin))) {
+    if (l > -INFINITY &&  // a masked id is never a candidate
+        (top > bin || (top == bin && (sub_bin < 0 || static_cast<int>((key >> 10) & (BINS - 1)) >= sub_bin)))) {
       const int at = atomicAdd(&f.count, 1);
       f.p[at] = expf(l / row.temperature - row.mx) / row.sum;  // = row.prob(e)
       f.id[at] = e;
@@ -336,23 +347,25 @@ __device__ FastResult fast_sample(const Row& row, FastShared& f, int k_c, int64_
   __syncthreads();
 
   const bool use_k = top_k > 0 && top_k < row.vocab;
-  float threshold = use_k ? f.p[top_k - 1] : 0.f;  // n >= k_c = top_k: the k-th largest p
+  const bool complete = f.complete;
+  // n >= k_c = top_k: the k-th largest p; fewer finite ids than top_k (complete): it is a p of 0.
+  float threshold = use_k && top_k <= n ? f.p[top_k - 1] : 0.f;
   if (top_p < 1.f) {
     for (int i = tid; i < n; i += THREADS)
       if (f.cum[i] >= top_p) atomicMin(&f.first, i);
     __syncthreads();
     if (f.first != INT_MAX) threshold = fmaxf(threshold, f.p[f.first]);
-    else if (!use_k) return FAST_NONE;  // the candidates hold less than top_p: the exact walk decides
+    else if (!use_k && !complete) return FAST_NONE;  // the candidates hold less than top_p: the exact walk decides
   }
   // Kept: the sorted prefix with p >= threshold. If it reaches the last candidate, tokens outside
-  // the candidates may tie with it: draw over the whole row instead.
+  // the candidates may tie with it: draw over the whole row instead (unless there are none).
   for (int i = tid; i < n; i += THREADS) {
     const bool kept = f.p[i] >= threshold && (i + 1 == n || f.p[i + 1] < threshold);
     if (kept) f.last = i;  // exactly one thread: the end of the kept prefix
   }
   __syncthreads();
   const int m = f.last + 1;
-  if (m == n || threshold <= 0.f) {
+  if (!complete && (m == n || threshold <= 0.f)) {
     *threshold_out = threshold;
     return FAST_THRESHOLD;
   }
@@ -363,7 +376,7 @@ __device__ FastResult fast_sample(const Row& row, FastShared& f, int k_c, int64_
     const int mine = f.id[i];
     float cumulative = 0.f;
     for (int j = 0; j < m; ++j) cumulative += f.id[j] <= mine ? f.p[j] : 0.f;
-    if (cumulative >= target) atomicMin(&f.pick, mine);
+    if (cumulative >= target && f.p[i] > 0.f) atomicMin(&f.pick, mine);  // p = 0 never wins (u = 0)
   }
   __syncthreads();
   if (tid == 0) {
@@ -380,7 +393,8 @@ __device__ FastResult fast_sample(const Row& row, FastShared& f, int k_c, int64_
 __global__ void __launch_bounds__(THREADS) sample_kernel(const float* __restrict__ logits, const int64_t logits_stride,
                                                          const int64_t* __restrict__ slots, const RowParams params,
                                                          float* __restrict__ penalties, bool* __restrict__ seen,
-                                                         const int vocab, const bool update, int64_t* __restrict__ out) {
+                                                         const int vocab, const bool update, const bool adjusted,
+                                                         int64_t* __restrict__ out) {
   const int row_index = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t slot = slots[row_index];
   __shared__ float scratch[WARPS];
@@ -402,7 +416,7 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(const float* __restrict
 
   Row row;
   row.logits = logits + row_index * logits_stride;
-  row.penalty = penalties + slot * vocab;
+  row.penalty = adjusted ? nullptr : penalties + slot * vocab;  // adjusted: constrain_kernel did step 0
   row.vocab = vocab;
   const float temperature = params.temperature[row_index];
   const int64_t top_k = params.top_k[row_index];
@@ -428,7 +442,7 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(const float* __restrict
       const float x = l / temperature;
       if (x > m) { s = s * expf(m - x) + 1.f; m = x; }
       else if (x > -INFINITY) s += expf(x - m);
-      if (k_c > 0) atomicAdd(&fast.hist[order_key(l) >> 21], 1);
+      if (k_c > 0 && l > -INFINITY) atomicAdd(&fast.hist[order_key(l) >> 21], 1);
     }
   }
 #pragma unroll
@@ -535,9 +549,110 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(const float* __restrict
   if (tid == 0) out[row_index] = token;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Step 0 for calls with allowed-token masks or logit biases: one block per row writes
+// `l = logits - penalty + bias` (the twin's order of operations), and -inf for every id outside the
+// row's mask, into `out` [R, V]; sample_kernel then reads `out` as adjusted logits. Kept apart from
+// the candidate search so that a new search needs nothing from it but "-inf means excluded".
+// - mask: row r is constrained when mask_index[r] >= 0; bit i of mask_words[mask_index[r], j]
+//   allows id 32 j + i; ids past the words are not allowed. An index past the words' rows allows
+//   nothing. A mask that allows nothing allows id 0 alone (the end of text; the caller's grammar
+//   then refuses it): the kernel cannot raise, and a row must keep some id.
+// - bias: row r's entries are bias_ids/bias_values[bias_offsets[r] : bias_offsets[r + 1]]; ids
+//   are distinct within a row (so no two threads add to one id); ids outside the vocabulary are
+//   skipped.
+
+struct Constraints {
+  const int64_t* mask_index;  // null: no masks
+  const int32_t* mask_words;
+  int64_t mask_rows, words_per_row;
+  const int64_t* bias_offsets;  // null: no biases
+  const int64_t* bias_ids;
+  const float* bias_values;
+  int64_t bias_count;
+};
+
+__global__ void __launch_bounds__(THREADS) constrain_kernel(const float* __restrict__ logits, const int64_t logits_stride,
+                                                            const int64_t* __restrict__ slots,
+                                                            const float* __restrict__ penalties, const int vocab,
+                                                            const Constraints c, float* __restrict__ out) {
+  const int row_index = blockIdx.x, tid = threadIdx.x;
+  const float* in = logits + row_index * logits_stride;
+  const float* pen = penalties + slots[row_index] * vocab;
+  float* dst = out + static_cast<int64_t>(row_index) * vocab;
+  const int64_t index = c.mask_index ? c.mask_index[row_index] : -1;
+  const int32_t* words = index >= 0 && index < c.mask_rows ? c.mask_words + index * c.words_per_row : nullptr;
+  const bool constrained = index >= 0;
+  const int64_t allowed_ids = constrained && words ? min(static_cast<int64_t>(vocab), 32 * c.words_per_row) : 0;
+  int any_allowed = 0;
+  for (int e = tid; e < vocab; e += THREADS) {
+    bool allowed = !constrained;
+    if (constrained && e < allowed_ids) allowed = (static_cast<uint32_t>(words[e >> 5]) >> (e & 31)) & 1u;
+    any_allowed |= allowed;
+    dst[e] = allowed ? in[e] - pen[e] : -INFINITY;
+  }
+  if (!__syncthreads_or(any_allowed) && tid == 0) dst[0] = in[0] - pen[0];
+  __syncthreads();
+  if (c.bias_offsets) {
+    const int64_t zero = 0;
+    const int64_t start = max(zero, min(c.bias_offsets[row_index], c.bias_count));
+    const int64_t stop = max(start, min(c.bias_offsets[row_index + 1], c.bias_count));
+    for (int64_t j = start + tid; j < stop; j += THREADS) {
+      const int64_t e = c.bias_ids[j];
+      if (e >= 0 && e < vocab) dst[e] += c.bias_values[j];  // -inf stays -inf: the mask wins
+    }
+  }
+}
+
+// The optional mask and bias arguments: each group whole or absent, on the device, typed and
+// shaped as the op's schema documents (albatross/ops.py).
+Constraints check_constraints(int64_t R, const OptionalTensor& mask_index, const OptionalTensor& mask_words,
+                              const OptionalTensor& bias_offsets, const OptionalTensor& bias_ids,
+                              const OptionalTensor& bias_values) {
+  Constraints c{nullptr, nullptr, 0, 0, nullptr, nullptr, nullptr, 0};
+  ALBATROSS_CHECK(mask_index.has_value() == mask_words.has_value(), "mask_index and mask_words go together");
+  ALBATROSS_CHECK(bias_offsets.has_value() == bias_ids.has_value() && bias_ids.has_value() == bias_values.has_value(),
+                  "bias_offsets, bias_ids and bias_values go together");
+  if (mask_index.has_value()) {
+    const Tensor &index = *mask_index, &words = *mask_words;
+    check_cuda(index, "mask_index");
+    check_cuda(words, "mask_words");
+    ALBATROSS_CHECK(index.dim() == 1 && index.size(0) == R && index.is_contiguous() && index.scalar_type() == ScalarType::Long,
+                    "mask_index must be a contiguous int64 vector of length ", R);
+    ALBATROSS_CHECK(words.dim() == 2 && words.is_contiguous() && words.scalar_type() == ScalarType::Int,
+                    "mask_words must be contiguous int32 [masks, words]");
+    c.mask_index = index.const_data_ptr<int64_t>();
+    c.mask_words = words.numel() ? words.const_data_ptr<int32_t>() : nullptr;
+    c.mask_rows = words.numel() ? words.size(0) : 0;
+    c.words_per_row = words.size(1);
+  }
+  if (bias_offsets.has_value()) {
+    const Tensor &offsets = *bias_offsets, &ids = *bias_ids, &values = *bias_values;
+    check_cuda(offsets, "bias_offsets");
+    check_cuda(ids, "bias_ids");
+    check_cuda(values, "bias_values");
+    ALBATROSS_CHECK(offsets.dim() == 1 && offsets.size(0) == R + 1 && offsets.is_contiguous() &&
+                        offsets.scalar_type() == ScalarType::Long,
+                    "bias_offsets must be a contiguous int64 vector of length ", R + 1);
+    ALBATROSS_CHECK(ids.dim() == 1 && ids.is_contiguous() && ids.scalar_type() == ScalarType::Long,
+                    "bias_ids must be a contiguous int64 vector");
+    ALBATROSS_CHECK(values.dim() == 1 && values.size(0) == ids.size(0) && values.is_contiguous() &&
+                        values.scalar_type() == ScalarType::Float,
+                    "bias_values must be a contiguous float32 vector as long as bias_ids");
+    c.bias_offsets = offsets.const_data_ptr<int64_t>();
+    c.bias_count = ids.size(0);
+    c.bias_ids = c.bias_count ? ids.const_data_ptr<int64_t>() : nullptr;
+    c.bias_values = c.bias_count ? values.const_data_ptr<float>() : nullptr;
+  }
+  return c;
+}
+
 Tensor sample_cuda(const Tensor& logits, const Tensor& slots, const Tensor& temperature, const Tensor& top_p,
                    const Tensor& top_k, const Tensor& presence, const Tensor& frequency, const Tensor& decay,
-                   const Tensor& seed32, const Tensor& step, Tensor penalties, Tensor seen, bool update_penalties) {
+                   const Tensor& seed32, const Tensor& step, Tensor penalties, Tensor seen, bool update_penalties,
+                   const OptionalTensor& mask_index, const OptionalTensor& mask_words,
+                   const OptionalTensor& bias_offsets, const OptionalTensor& bias_ids,
+                   const OptionalTensor& bias_values) {
   check_cuda(logits, "logits");
   ALBATROSS_CHECK(logits.dim() == 2 && logits.scalar_type() == ScalarType::Float && logits.stride(1) == 1,
                   "logits must be float32 [rows, vocab] with unit stride along vocab");
@@ -562,17 +677,30 @@ Tensor sample_cuda(const Tensor& logits, const Tensor& slots, const Tensor& temp
     ALBATROSS_CHECK(t.dim() == 1 && t.size(0) == R && t.is_contiguous() && t.scalar_type() == columns[q].second,
                     names[q], " must be a contiguous ", columns[q].second, " vector of length ", R);
   }
+  const Constraints constraints = check_constraints(R, mask_index, mask_words, bias_offsets, bias_ids, bias_values);
   const DeviceGuard guard(logits.get_device_index());
   Tensor out = new_empty(logits, {R}, ScalarType::Long);
   if (R == 0) return out;
+  const bool adjusted = constraints.mask_index != nullptr || constraints.bias_offsets != nullptr;
+  const float* rows = logits.const_data_ptr<float>();
+  int64_t rows_stride = logits.stride(0);
+  std::optional<Tensor> scratch;  // freed to the caching allocator on this stream: reuse is ordered after the sampler
+  if (adjusted) {
+    scratch = new_empty(logits, {R, V}, ScalarType::Float);
+    constrain_kernel<<<static_cast<unsigned>(R), THREADS, 0, current_stream(logits)>>>(
+        rows, rows_stride, slots.const_data_ptr<int64_t>(), penalties.const_data_ptr<float>(), static_cast<int>(V),
+        constraints, scratch->mutable_data_ptr<float>());
+    check_launch();
+    rows = scratch->const_data_ptr<float>();
+    rows_stride = V;
+  }
   const RowParams params{temperature.const_data_ptr<float>(), top_p.const_data_ptr<float>(),
                          top_k.const_data_ptr<int64_t>(),     presence.const_data_ptr<float>(),
                          frequency.const_data_ptr<float>(),   decay.const_data_ptr<float>(),
                          seed32.const_data_ptr<int64_t>(),    step.const_data_ptr<int64_t>()};
   sample_kernel<<<static_cast<unsigned>(R), THREADS, 0, current_stream(logits)>>>(
-      logits.const_data_ptr<float>(), logits.stride(0), slots.const_data_ptr<int64_t>(), params,
-      penalties.mutable_data_ptr<float>(), seen.mutable_data_ptr<bool>(), static_cast<int>(V), update_penalties,
-      out.mutable_data_ptr<int64_t>());
+      rows, rows_stride, slots.const_data_ptr<int64_t>(), params, penalties.mutable_data_ptr<float>(),
+      seen.mutable_data_ptr<bool>(), static_cast<int>(V), update_penalties, adjusted, out.mutable_data_ptr<int64_t>());
   check_launch();
   return out;
 }

@@ -1,5 +1,6 @@
-"""Constrained output end to end on the classic backend: a random-weight model, so only the
-constraint can make its answers valid. Each answer is parsed and validated with jsonschema."""
+"""Constrained output end to end on both backends (the classic one, and the Albatross engine on
+the CPU): a random-weight model, so only the constraint can make its answers valid. Each answer
+is parsed and validated with jsonschema."""
 
 from __future__ import annotations
 
@@ -15,62 +16,14 @@ from fastapi.testclient import TestClient
 from albatross.tokenizer import get_tokenizer
 from runner.app import create_app
 from runner_fakes import settings_with, sse_payloads
-
-SAMPLED = {"temperature": 1.0, "top_p": 0.9, "max_tokens": 200}
-GREEDY = {"temperature": 0, "presence_penalty": 0, "frequency_penalty": 0, "max_tokens": 60}
-
-NAME = {"type": "string", "minLength": 1, "maxLength": 10}
-SCHEMAS: dict[str, dict[str, Any]] = {
-    "flat": {
-        "type": "object",
-        "properties": {"name": NAME, "age": {"type": "integer", "minimum": 0, "maximum": 120}, "member": {"type": "boolean"}},
-        "required": ["name", "age", "member"],
-        "additionalProperties": False,
-    },
-    "enum-and-array": {
-        "type": "object",
-        "properties": {
-            "color": {"enum": ["red", "green", "blue"]},
-            "scores": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 9}, "minItems": 1, "maxItems": 4},
-            "note": {"type": ["string", "null"], "maxLength": 6},
-        },
-        "required": ["color", "scores", "note"],
-        "additionalProperties": False,
-    },
-    "nested-ref-anyof": {
-        "type": "object",
-        "properties": {
-            "owner": {"$ref": "#/$defs/person"},
-            "pets": {"type": "array", "items": {"$ref": "#/$defs/pet"}, "maxItems": 2},
-            "where": {"anyOf": [{"const": "home"}, {"type": "integer", "minimum": 1, "maximum": 99}]},
-        },
-        "required": ["owner", "pets", "where"],
-        "additionalProperties": False,
-        "$defs": {
-            "person": {"type": "object", "properties": {"name": NAME, "vip": {"type": "boolean"}}, "required": ["name", "vip"], "additionalProperties": False},
-            "pet": {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]}, "age": {"type": "integer", "minimum": 0, "maximum": 30}}, "required": ["kind"], "additionalProperties": False},
-        },
-    },
-}
-WEATHER_PARAMETERS = {
-    "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"enum": ["C", "F"]}},
-    "required": ["city", "unit"],
-    "additionalProperties": False,
-}
-TIME_PARAMETERS = {"type": "object", "properties": {"zone": {"type": "integer", "minimum": -12, "maximum": 12}}, "required": ["zone"], "additionalProperties": False}
-TOOLS = [
-    {"type": "function", "function": {"name": "get_weather", "description": "Current weather.", "parameters": WEATHER_PARAMETERS}},
-    {"type": "function", "function": {"name": "get_time", "parameters": TIME_PARAMETERS}},
-]
-PARAMETERS = {"get_weather": WEATHER_PARAMETERS, "get_time": TIME_PARAMETERS}
-USER = [{"role": "user", "content": "Give me the data as JSON."}]
+from structured_cases import BACKENDS, GREEDY, PARAMETERS, SAMPLED, SCHEMAS, TOOLS, USER, json_schema_format
 
 
-@pytest.fixture(scope="module")
-def client(tiny_checkpoint: Path) -> Iterator[TestClient]:
-    settings = settings_with(model_path=str(tiny_checkpoint), strategy="cpu fp32", models_dir=tiny_checkpoint.parent)
+@pytest.fixture(scope="module", params=list(BACKENDS))
+def client(request: pytest.FixtureRequest, tiny_checkpoint: Path) -> Iterator[TestClient]:
+    settings = settings_with(model_path=str(tiny_checkpoint), strategy=BACKENDS[request.param], models_dir=tiny_checkpoint.parent)
     with TestClient(create_app(settings)) as test_client:
+        assert test_client.get("/status").json()["backend"] == request.param
         yield test_client
 
 
@@ -78,10 +31,6 @@ def chat(client: TestClient, **fields: Any) -> dict[str, Any]:
     response = client.post("/v1/chat/completions", json={"messages": USER, **fields})
     assert response.status_code == 200, response.text
     return response.json()["choices"][0]
-
-
-def json_schema_format(schema: dict[str, Any]) -> dict[str, Any]:
-    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema, "strict": True}}
 
 
 def assert_valid_calls(choice: dict[str, Any], names: set[str], may_be_cut: bool = False) -> list[dict[str, Any]]:

@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# One device call for constrained decoding (issue 13): the sampler kernel with masks and biases
+# (a JIT build for this GPU when the committed binary predates the source), the cuda-marked
+# constraint and sampler tests, the structured benchmark (7.2B random weights, batch 960, 0% / 10% /
+# 100% of the requests under a JSON schema) and the host-overhead simulation with this machine's
+# CPUs filling the masks. About five minutes; everything lands in $OUT (log.txt, tests.log,
+# structured.json).
+#   bash backend-python/bench/structured_gpu_session.sh      (from the repository root; .whl/ carried)
+# Knobs: TESTS=0, BENCH=0, HOST=0, SHAPE (7.2b), BATCH (960), TEST_TIMEOUT (240), BENCH_TIMEOUT (240).
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+cd backend-python
+export PYTHONUNBUFFERED=1 RWKV_V7_ON=1 ALBATROSS_KERNEL_CACHE=${ALBATROSS_KERNEL_CACHE:-/tmp/albatross-build-cache}
+log="$OUT/log.txt"
+{
+  date -u
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  python3 -c "import torch, sys, os; print('torch', torch.__version__, 'python', sys.version.split()[0], 'cpus', os.cpu_count())"
+  echo "== kernels (JIT-built for this GPU where the committed binary is stale or missing: sampler, gemv, int8 until the next build)"
+  timeout 300 python3 -c "
+import logging; logging.basicConfig(level=logging.INFO, format='%(name)s %(levelname)s %(message)s')
+from albatross import cuda_ops, ops
+results = cuda_ops.enable_cuda_kernels()
+print({name: result.how for name, result in results.items()}, 'CUDA ops:', ops.registered_cuda_ops())
+assert 'sample' in ops.registered_cuda_ops(), 'no sampler kernel'
+"
+} 2>&1 | tee -a "$log"
+
+if [ "${TESTS:-1}" = 1 ]; then
+  echo "== cuda tests: masks and biases, the sampler kernel, the engine on the GPU" | tee -a "$log"
+  timeout "${TEST_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -m cuda --durations=5 \
+      tests/test_sampler_constraints.py tests/test_structured_engine.py tests/test_cuda_kernels.py tests/test_engine_cuda.py \
+      2>&1 | tee "$OUT/tests.log" | tail -25 | tee -a "$log"
+fi
+
+if [ "${BENCH:-1}" = 1 ]; then
+  echo "== structured benchmark" | tee -a "$log"
+  timeout "${BENCH_TIMEOUT:-240}" python3 bench/structured_benchmark.py --shape "${SHAPE:-7.2b}" --batch "${BATCH:-960}" \
+      --json "$OUT/structured.json" 2>&1 | tee -a "$log" | tail -12
+fi
+
+if [ "${HOST:-1}" = 1 ]; then
+  for fraction in 0.1 1.0; do
+    echo "== host overhead, simulated H200 steps, $fraction constrained, this machine's CPUs" | tee -a "$log"
+    timeout 150 python3 bench/host_overhead.py --constrained "$fraction" 2>&1 | tee -a "$log" | tail -3
+  done
+fi
