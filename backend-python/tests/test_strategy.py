@@ -88,7 +88,7 @@ def test_optional_device_dtype_and_prefill_settings() -> None:
 
 
 def test_the_inter_token_target_of_the_adaptive_prefill_budget() -> None:
-    assert AlbatrossBackendConfig().itl_target_s == pytest.approx(0.150), "on by default"
+    assert AlbatrossBackendConfig().itl_target_s is None, "off by default (the static budget)"
     assert parse_albatross_strategy("albatross itl_target_ms=90.5").itl_target_s == pytest.approx(0.0905)
     for off in ("0", "off", "OFF", "none"):
         config = parse_albatross_strategy(f"albatross itl_target_ms={off}")
