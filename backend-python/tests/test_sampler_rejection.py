@@ -16,6 +16,7 @@ from albatross.sampler import AllowedTokens, LogitBias, PenaltyPool, SamplingBat
 from runner.interface import SamplingParams
 
 PLAIN = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, presence_penalty=0.0, frequency_penalty=0.0, penalty_decay=1.0)
+SETTINGS = ("temperature", "top_p", "top_k", "presence", "frequency", "decay", "seed32", "step")  # SamplingBatch's per-row tensors
 VOCAB = 4100  # 1,025 quads: two chunks of the walk order, the last quad partial
 
 
@@ -212,12 +213,12 @@ def _mixed_batch(rows: int, vocab: int, seed: int) -> tuple[torch.Tensor, Penalt
 
 
 def _permuted(batch: SamplingBatch, order: torch.Tensor) -> SamplingBatch:
-    fields = [getattr(batch, name)[order] for name in ("temperature", "top_p", "top_k", "presence", "frequency", "decay", "seed32", "step")]
+    fields = {name: getattr(batch, name)[order] for name in SETTINGS}
     assert batch.allowed is not None and batch.bias is not None
     allowed = AllowedTokens(batch.allowed.index[order], batch.allowed.words)
     offsets = batch.bias.offsets
     rows = [list(zip(batch.bias.ids[offsets[r] : offsets[r + 1]].tolist(), batch.bias.values[offsets[r] : offsets[r + 1]].tolist())) for r in order.tolist()]
-    return SamplingBatch(*fields, allowed=allowed, bias=LogitBias.from_rows(rows))
+    return replace(batch, **fields, allowed=allowed, bias=LogitBias.from_rows(rows))
 
 
 def test_a_rows_draw_does_not_depend_on_its_place_in_the_batch() -> None:
@@ -297,10 +298,10 @@ GPU_VOCAB = 65536
 
 
 def _to_cuda(batch: SamplingBatch) -> SamplingBatch:
-    fields = [getattr(batch, name).cuda() for name in ("temperature", "top_p", "top_k", "presence", "frequency", "decay", "seed32", "step")]
+    fields = {name: getattr(batch, name).cuda() for name in SETTINGS}
     allowed = None if batch.allowed is None else AllowedTokens(batch.allowed.index.cuda(), batch.allowed.words.cuda())
     bias = None if batch.bias is None else LogitBias(batch.bias.offsets.cuda(), batch.bias.ids.cuda(), batch.bias.values.cuda())
-    return SamplingBatch(*fields, allowed=allowed, bias=bias)
+    return replace(batch, **fields, allowed=allowed, bias=bias)
 
 
 def _kept_rows(logits: torch.Tensor, pool: PenaltyPool, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
