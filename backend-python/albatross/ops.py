@@ -318,10 +318,12 @@ def sample_torch(
     bias_offsets: torch.Tensor | None = None,
     bias_ids: torch.Tensor | None = None,
     bias_values: torch.Tensor | None = None,
+    rejection: bool = False,
 ) -> torch.Tensor:
     """`albatross.sampler.sample` on the op's unpacked arguments: the allowed-token masks are
     `sampler.AllowedTokens(mask_index, mask_words)`, the biases `sampler.LogitBias(bias_offsets,
-    bias_ids, bias_values)`; each group is given whole or not at all."""
+    bias_ids, bias_values)`; each group is given whole or not at all. `rejection` picks the
+    rejection draw (docs/kernels.md "Rejection draw")."""
     if (mask_index is None) != (mask_words is None) or len({t is None for t in (bias_offsets, bias_ids, bias_values)}) > 1:
         raise ValueError("sample: give mask_index with mask_words, and bias_offsets with bias_ids and bias_values")
     allowed = None if mask_index is None or mask_words is None else sampler.AllowedTokens(mask_index, mask_words)
@@ -329,14 +331,14 @@ def sample_torch(
     if bias_offsets is not None and bias_ids is not None and bias_values is not None:
         bias = sampler.LogitBias(bias_offsets, bias_ids, bias_values)
     batch = sampler.SamplingBatch(temperature, top_p, top_k, presence, frequency, decay, seed32, step, allowed, bias)
-    return sampler.sample(logits, slots, batch, sampler.PenaltyPool.wrap(penalties, seen), update_penalties)
+    return sampler.sample(logits, slots, batch, sampler.PenaltyPool.wrap(penalties, seen), update_penalties, rejection)
 
 
 _sample = _declare(
     "sample(Tensor logits, Tensor slots, Tensor temperature, Tensor top_p, Tensor top_k, Tensor presence, "
     "Tensor frequency, Tensor decay, Tensor seed32, Tensor step, Tensor(a!) penalties, Tensor(b!) seen, "
     "bool update_penalties, Tensor? mask_index=None, Tensor? mask_words=None, Tensor? bias_offsets=None, "
-    "Tensor? bias_ids=None, Tensor? bias_values=None) -> Tensor",
+    "Tensor? bias_ids=None, Tensor? bias_values=None, bool rejection=False) -> Tensor",
     sample_torch,
 )
 
@@ -347,10 +349,12 @@ def sample(
     batch: sampler.SamplingBatch,
     penalties: sampler.PenaltyPool,
     update_penalties: bool = True,
+    rejection: bool | None = None,
 ) -> torch.Tensor:
     """`albatross.sampler.sample` (same arguments, same result) through the `sample` op: the CUDA
     kernel for CUDA tensors once its library is loaded, the torch sampler otherwise; the batch's
-    allowed-token masks and logit biases, if any, go with it."""
+    allowed-token masks and logit biases, if any, go with it. `rejection`: None takes
+    `sampler.REJECTION` at the call."""
     allowed, bias = batch.allowed, batch.bias
     return _sample(
         logits.float(),
@@ -371,4 +375,5 @@ def sample(
         None if bias is None else bias.offsets,
         None if bias is None else bias.ids,
         None if bias is None else bias.values,
+        sampler.REJECTION if rejection is None else rejection,
     )

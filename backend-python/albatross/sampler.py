@@ -19,6 +19,12 @@ It computes exactly the definition in docs/architecture.md ("sampler", "Sampler 
 Every row of a call may have its own settings; nothing loops over rows in Python. Rows without a
 mask or a bias cost nothing extra: a call whose batch has neither runs exactly the steps above
 without them.
+
+The rejection draw (`rejection=True`, docs/kernels.md "Rejection draw") replaces steps 3-4 for the
+sampled rows with rounds that need no sort: round r draws from the weights above a pivot with the
+round's Philox uniform, accepts the draw if it passes top_k/top_p, else raises the pivot to it. It
+samples the same kept distribution with other uniforms (so other ids for a seed than the exact
+draw); what it cannot decide within REJECTION_ROUNDS draws takes steps 3-4 as above.
 """
 
 from __future__ import annotations
@@ -26,6 +32,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
+
+import os
 
 import torch
 
@@ -65,6 +73,43 @@ def uniform(seed32: torch.Tensor, step: torch.Tensor) -> torch.Tensor:
     """The draw in [0, 1) for generated token number `step` of the stream `seed32` (fp32, 24 bits)."""
     mixed = (seed32.to(torch.int64) + _mul_mod32(step.to(torch.int64) & MASK32, GOLDEN_STEP)) & MASK32
     return (hash32(mixed) >> 8).to(torch.float32) * (2.0**-24)
+
+
+# Philox4x32-10 (Salmon et al., "Parallel random numbers: as easy as 1, 2, 3"): the rejection draw's
+# uniform of round r for a row is word 0 of philox((seed32, step mod 2**32), (r, step >> 32, 0, 0)).
+PHILOX_M0, PHILOX_M1 = 0xD2511F53, 0xCD9E8D57
+PHILOX_W0, PHILOX_W1 = 0x9E3779B9, 0xBB67AE85
+
+
+def _mulhilo32(a: torch.Tensor, constant: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(high, low) 32-bit words of a * constant for a < 2**32, in int64 without overflow: the
+    16-bit halves of a give products below 2**48."""
+    high_part, low_part = ((a >> 16) & 0xFFFF) * constant, (a & 0xFFFF) * constant  # a = h * 2**16 + l
+    low = (((high_part & 0xFFFF) << 16) + low_part) & MASK32
+    high = ((high_part + (low_part >> 16)) >> 16) & MASK32
+    return high, low
+
+
+def philox4x32(counter: Sequence[torch.Tensor], key: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """Philox4x32-10 on int64 tensors holding unsigned 32-bit words (broadcast together)."""
+    c0, c1, c2, c3 = (c & MASK32 for c in counter)
+    k0, k1 = (k & MASK32 for k in key)
+    for round_index in range(10):
+        if round_index:
+            k0, k1 = (k0 + PHILOX_W0) & MASK32, (k1 + PHILOX_W1) & MASK32
+        high0, low0 = _mulhilo32(c0, PHILOX_M0)
+        high1, low1 = _mulhilo32(c2, PHILOX_M1)
+        c0, c1, c2, c3 = high1 ^ c1 ^ k0, low1, high0 ^ c3 ^ k1, low0
+    return [c0, c1, c2, c3]
+
+
+def round_uniform(seed32: torch.Tensor, step: torch.Tensor, round_index: int) -> torch.Tensor:
+    """The rejection draw's uniform in [0, 1) for round `round_index` of token `step` (fp32, 24 bits):
+    a function of (seed, step, round) alone, the same in the CUDA kernel."""
+    seed, step = seed32.to(torch.int64), step.to(torch.int64)
+    zero = torch.zeros_like(step)
+    word = philox4x32((zero + round_index, step >> 32, zero, zero), (seed, step))[0]
+    return (word >> 8).to(torch.float32) * (2.0**-24)
 
 
 class SamplingSettings(Protocol):
@@ -287,14 +332,100 @@ def apply_allowed(logits: torch.Tensor, allowed: AllowedTokens) -> None:
     logits.masked_fill_(~bits, float("-inf"))
 
 
+# The rejection draw (docs/kernels.md "Rejection draw"). Off by default until the CUDA kernel's
+# rebuild is checked on the GPU; ALBATROSS_SAMPLER=rejection turns it on for every call that does
+# not choose itself.
+REJECTION = os.environ.get("ALBATROSS_SAMPLER", "") == "rejection"
+REJECTION_ROUNDS = 32  # draws before a row takes the exact path
+WALK_THREADS = 1024  # the kernel's threads per row: the walk order below follows their ownership
+_BELOW_ONE = float(torch.nextafter(torch.tensor(1.0), torch.tensor(0.0)))  # largest fp32 under 1
+
+
+def walk_order(vocab: int, device: torch.device | str = "cpu") -> torch.Tensor:
+    """The ids in the order the rejection draw accumulates mass: id e lies in quad q = e // 4, which
+    thread q % WALK_THREADS of the kernel owns (its quads in chunk order q // WALK_THREADS, the four
+    ids in order). Each thread of a row's block reads its quads with coalesced vector loads and a
+    scan over the threads' totals finds the one thread whose quads hold the draw."""
+    quads = (vocab + 3) // 4
+    chunks = (quads + WALK_THREADS - 1) // WALK_THREADS
+    ids = torch.arange(chunks * WALK_THREADS * 4, device=device).view(chunks, WALK_THREADS, 4)
+    order = ids.permute(1, 0, 2).reshape(-1)
+    return order[order < vocab]
+
+
+def _rejection_draw(adjusted: torch.Tensor, temperature: torch.Tensor, batch: SamplingBatch, skip: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Steps 3-4 by rejection for the rows not in `skip` (the greedy rows): (ids, decided); a row
+    without any weight (every l = -inf) is decided with a meaningless id, the caller's to replace. Weights
+    w = exp(l / T - max(l) / T) (the maximum has w = 1 exactly). Round r: M, C = mass and count of
+    the weights above the pivot (0 at first). A pending draw x (whose w is the pivot) is accepted when
+    nothing lies above it, or when C < top_k and M < top_p * Z (Z the total mass): exactly when x is
+    in the kept set of step 3. Otherwise draw x from the weights above the pivot in walk order with
+    the round's uniform and raise the pivot to w[x]: every id at or under it is dropped (the kept set
+    is an upper set of p), so the draw stays one from the renormalised kept distribution. Rows with
+    top_k = 1 or top_p <= 0 keep only the maxima: their first pivot is just under 1, their first draw
+    accepted. Rows without top_k and top_p accept the first draw. Undecided after REJECTION_ROUNDS
+    draws: decided = False."""
+    rows, vocab = adjusted.shape
+    device = adjusted.device
+    scaled = adjusted / temperature[:, None]
+    peak = scaled.max(dim=-1, keepdim=True).values
+    weights = torch.where(peak > float("-inf"), torch.exp(scaled - peak), torch.zeros_like(scaled))
+    order = walk_order(vocab, device)
+    walked = weights[:, order]
+    use_k = (batch.top_k > 0) & (batch.top_k < vocab)
+    use_p = batch.top_p < 1.0
+    maxima_only = (use_k & (batch.top_k == 1)) | (batch.top_p <= 0.0)
+    free = ~use_k & ~use_p
+    pivot = torch.where(maxima_only, torch.full_like(batch.top_p, _BELOW_ONE), torch.zeros_like(batch.top_p))
+    token = torch.zeros(rows, dtype=torch.int64, device=device)
+    done = skip | (peak[:, 0] == float("-inf"))
+    pending = torch.zeros(rows, dtype=torch.bool, device=device)  # a draw waits for its check
+    total = torch.zeros(rows, dtype=torch.float64, device=device)
+    rows_index = torch.arange(rows, device=device)
+    for round_index in range(REJECTION_ROUNDS + 1):
+        above = walked > pivot[:, None]
+        masses = torch.where(above, walked, torch.zeros_like(walked)).double()
+        cumulative = torch.cumsum(masses, dim=-1)
+        mass, count = cumulative[:, -1], above.sum(dim=-1)
+        if round_index == 0:
+            total = mass
+        else:
+            kept = (count == 0) | ((~use_k | (count < batch.top_k)) & (~use_p | (mass < batch.top_p.double() * total)))
+            done = done | (pending & kept)
+        if round_index == REJECTION_ROUNDS or bool(done.all()):
+            break
+        target = round_uniform(batch.seed32, batch.step, round_index).double() * mass
+        reached = (cumulative >= target[:, None]) & above
+        last_above = vocab - 1 - above.flip(-1).to(torch.int8).argmax(dim=-1)  # rounding: stay in range
+        position = torch.where(reached.any(dim=-1), reached.to(torch.int8).argmax(dim=-1), last_above)
+        drawing = ~done
+        token = torch.where(drawing, order[position], token)
+        pivot = torch.where(drawing, walked[rows_index, position], pivot)
+        pending = drawing
+        done = done | (drawing & (maxima_only | free))
+    return token, done
+
+
+def _exact_draw(adjusted: torch.Tensor, temperature: torch.Tensor, batch: SamplingBatch) -> torch.Tensor:
+    """Steps 2-4 as defined (every row drawn; greedy rows are the caller's)."""
+    probs = torch.softmax(adjusted / temperature[:, None], dim=-1)
+    kept = torch.where(kept_mask(probs, batch.top_k, batch.top_p), probs, torch.zeros_like(probs))
+    cumulative = torch.cumsum(kept, dim=-1)
+    target = uniform(batch.seed32, batch.step) * cumulative[:, -1]
+    candidates = (cumulative >= target[:, None]) & (kept > 0)
+    return candidates.to(torch.int8).argmax(dim=-1)
+
+
 def sample(
     logits: torch.Tensor,
     slots: torch.Tensor,
     batch: SamplingBatch,
     penalties: PenaltyPool,
     update_penalties: bool = True,
+    rejection: bool | None = None,
 ) -> torch.Tensor:
-    """One token id per row of `logits` [R, V] (fp32), row r using slot `slots[r]` and batch row r."""
+    """One token id per row of `logits` [R, V] (fp32), row r using slot `slots[r]` and batch row r.
+    `rejection` picks the draw (None: REJECTION)."""
     if logits.dim() != 2 or logits.shape[0] != batch.rows or slots.shape != (batch.rows,):
         raise ValueError(f"logits {tuple(logits.shape)}, slots {tuple(slots.shape)} and {batch.rows} batch rows disagree")
     adjusted = logits.float() - penalties.penalties[slots]
@@ -310,12 +441,15 @@ def sample(
             penalties.update(slots, greedy_ids, batch)
         return greedy_ids
     temperature = torch.where(greedy, torch.ones_like(batch.temperature), batch.temperature)
-    probs = torch.softmax(adjusted / temperature[:, None], dim=-1)
-    kept = torch.where(kept_mask(probs, batch.top_k, batch.top_p), probs, torch.zeros_like(probs))
-    cumulative = torch.cumsum(kept, dim=-1)
-    target = uniform(batch.seed32, batch.step) * cumulative[:, -1]
-    candidates = (cumulative >= target[:, None]) & (kept > 0)
-    sampled_ids = candidates.to(torch.int8).argmax(dim=-1)
+    if REJECTION if rejection is None else rejection:
+        drawable = adjusted.max(dim=-1).values > float("-inf")
+        sampled_ids, decided = _rejection_draw(adjusted, temperature, batch, greedy)
+        sampled_ids = torch.where(drawable, sampled_ids, greedy_ids)  # no weight to draw from: id 0, as the kernel
+        undecided = ~decided & ~greedy & drawable
+        if bool(undecided.any()):  # rare: the exact draw for the rows rejection left open
+            sampled_ids = torch.where(undecided, _exact_draw(adjusted, temperature, batch), sampled_ids)
+    else:
+        sampled_ids = _exact_draw(adjusted, temperature, batch)
 
     token_ids = torch.where(greedy, greedy_ids, sampled_ids)
     if update_penalties:

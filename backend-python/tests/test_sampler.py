@@ -8,6 +8,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from albatross import sampler
 from albatross.sampler import (
     MASK32,
     PenaltyPool,
@@ -48,6 +49,13 @@ def _slots(rows: int) -> torch.Tensor:
     return torch.arange(rows, dtype=torch.int64)
 
 
+@pytest.fixture(params=["exact", "rejection"])
+def draw(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The contract tests below hold for both draws (the default one is sampler.REJECTION)."""
+    monkeypatch.setattr(sampler, "REJECTION", request.param == "rejection")
+    return str(request.param)
+
+
 # randomness
 
 
@@ -82,7 +90,7 @@ def test_greedy_is_the_argmax_of_penalised_logits() -> None:
     assert torch.equal(ids, torch.argmax(logits - pool.penalties, dim=-1))
 
 
-def test_greedy_takes_the_lowest_id_on_ties() -> None:
+def test_greedy_takes_the_lowest_id_on_ties(draw: str) -> None:
     logits = torch.full((2, VOCAB), -1.0)
     logits[0, [9, 4000, 3]] = 5.0
     logits[1, [65535, 70]] = 2.0
@@ -93,7 +101,7 @@ def test_greedy_takes_the_lowest_id_on_ties() -> None:
 # seeds and independence
 
 
-def test_same_seed_and_step_reproduce_the_same_tokens() -> None:
+def test_same_seed_and_step_reproduce_the_same_tokens(draw: str) -> None:
     """The draw is a function of (seed, step) alone: rebuilt batches, other rows around it and other
     slots give the same token; another step or seed a different one."""
     logits = _logits(1, seed=5).expand(8, -1).clone()  # one distribution, eight times
@@ -106,7 +114,7 @@ def test_same_seed_and_step_reproduce_the_same_tokens() -> None:
     assert all(token != alone.item() for token in others.values()), f"another seed or step drew the same token: {others}"
 
 
-def test_a_rows_token_does_not_depend_on_the_other_rows() -> None:
+def test_a_rows_token_does_not_depend_on_the_other_rows(draw: str) -> None:
     logits = _logits(5, seed=6, scale=1.0)
     settings = [
         replace(PLAIN, top_p=0.8),
@@ -128,7 +136,7 @@ def test_a_rows_token_does_not_depend_on_the_other_rows() -> None:
         assert int(alone[-1]) == int(together[row]), f"row {row} changed with its neighbours"
 
 
-def test_different_steps_draw_different_tokens_for_a_flat_distribution() -> None:
+def test_different_steps_draw_different_tokens_for_a_flat_distribution(draw: str) -> None:
     logits = torch.zeros(64, 1000) + torch.rand(1, 1000, generator=torch.Generator().manual_seed(2)) * 1e-3
     batch = _batch([PLAIN] * 64, seed32s=[seed_to_seed32(1)] * 64, steps=list(range(64)))
     ids = sample(logits, _slots(64), batch, PenaltyPool(64, 1000))
@@ -165,7 +173,7 @@ def test_top_k_and_top_p_masks_match_a_slow_per_row_reference() -> None:
     assert int(mask[4].sum()) == 1, "top_p 0 keeps only the most likely id"
 
 
-def test_sampled_ids_are_always_kept_ids() -> None:
+def test_sampled_ids_are_always_kept_ids(draw: str) -> None:
     rows = 256
     logits = _logits(1, vocab=2000, seed=4).expand(rows, -1)
     settings = [replace(PLAIN, top_k=7, top_p=0.6, temperature=0.7)] * rows
@@ -184,7 +192,7 @@ def _chi_square_critical(degrees_of_freedom: int, z: float = 3.29) -> float:
     ("temperature", "top_k", "top_p"),
     [(1.0, 0, 1.0), (0.8, 6, 1.0), (1.2, 0, 0.7), (1.0, 9, 0.85)],
 )
-def test_sampling_frequencies_follow_the_renormalised_kept_distribution(temperature: float, top_k: int, top_p: float) -> None:
+def test_sampling_frequencies_follow_the_renormalised_kept_distribution(temperature: float, top_k: int, top_p: float, draw: str) -> None:
     vocab, draws = 12, 6000
     logits = torch.randn(1, vocab, generator=torch.Generator().manual_seed(13))
     settings = [replace(PLAIN, temperature=temperature, top_k=top_k, top_p=top_p)] * draws

@@ -390,11 +390,159 @@ __device__ FastResult fast_sample(const Row& row, FastShared& f, int k_c, int64_
   return FAST_TOKEN;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Rejection draw (the twin's `_rejection_draw`; docs/kernels.md "Rejection draw"): rounds of one
+// pass each over the row, no sort. Weights w = exp(l / T - max(l) / T). A pass sums the mass M and
+// count C of the weights above the pivot; they settle the pending draw x (whose w is the pivot):
+// kept when C == 0, or C < top_k and M < top_p * Z. Otherwise the same pass's per-thread masses
+// place the round's uniform: a block scan over the threads finds the one whose quads hold the new
+// draw, which it walks in walk order; the pivot rises to its weight. Walk order: thread t owns the
+// quads q = t, t + THREADS, ... (ids 4q .. 4q + 3), so the loads are coalesced float4s.
+
+constexpr int REJECTION_ROUNDS = 32;  // draws before the row takes the exact path (the twin's)
+
+__device__ __forceinline__ uint2 mulhilo32(uint32_t a, uint32_t b) {
+  return make_uint2(__umulhi(a, b), a * b);  // (high, low)
+}
+
+// Philox4x32-10, word 0: the round's uniform from key (seed32, step mod 2**32) and counter
+// (round, step >> 32, 0, 0), as the twin's round_uniform.
+__device__ float round_uniform(int64_t seed32, int64_t step, int round) {
+  uint32_t c0 = static_cast<uint32_t>(round), c1 = static_cast<uint32_t>(static_cast<uint64_t>(step) >> 32), c2 = 0u,
+           c3 = 0u;
+  uint32_t k0 = static_cast<uint32_t>(seed32), k1 = static_cast<uint32_t>(step);
+#pragma unroll
+  for (int r = 0; r < 10; ++r) {
+    if (r) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
+    const uint2 p0 = mulhilo32(c0, 0xD2511F53u), p1 = mulhilo32(c2, 0xCD9E8D57u);
+    const uint32_t n0 = p1.x ^ c1 ^ k0, n2 = p0.x ^ c3 ^ k1;
+    c0 = n0; c1 = p1.y; c2 = n2; c3 = p0.y;
+  }
+  return static_cast<float>(c0 >> 8) * 5.9604644775390625e-08f;  // 2**-24
+}
+
+// The four adjusted logits of quad q (ids past the vocabulary: -inf, weight 0).
+__device__ __forceinline__ float4 load_quad(const Row& row, int q, bool vector) {
+  const int e = 4 * q;
+  if (vector && e + 3 < row.vocab) {
+    float4 l = __ldg(reinterpret_cast<const float4*>(row.logits) + q);
+    if (row.penalty) {
+      const float4 p = *(reinterpret_cast<const float4*>(row.penalty) + q);
+      l.x -= p.x; l.y -= p.y; l.z -= p.z; l.w -= p.w;
+    }
+    return l;
+  }
+  float v[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v[j] = e + j < row.vocab ? row.adjusted(e + j) : -INFINITY;
+  return make_float4(v[0], v[1], v[2], v[3]);
+}
+
+__device__ __forceinline__ float weight(const Row& row, float l) { return expf(l / row.temperature - row.mx); }
+
+struct RejectionShared {
+  float warp_mass[WARPS];
+  int warp_count[WARPS];
+  int chosen;  // the thread whose quads hold the draw
+  int token;
+  float pivot;
+};
+
+// Returns true (every thread alike) with *token set when the row is decided within the rounds.
+__device__ bool rejection_sample(const Row& row, int64_t top_k, float top_p, int64_t seed32, int64_t step,
+                                 RejectionShared& sh, int64_t* token) {
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const bool use_k = top_k > 0 && top_k < row.vocab, use_p = top_p < 1.f;
+  const bool maxima_only = (use_k && top_k == 1) || top_p <= 0.f;
+  const bool free_row = !use_k && !use_p;
+  const bool vector = row.vocab % 4 == 0 && (reinterpret_cast<uintptr_t>(row.logits) % 16 == 0) &&
+                      (row.penalty == nullptr || reinterpret_cast<uintptr_t>(row.penalty) % 16 == 0);
+  const int quads = (row.vocab + 3) / 4;
+  float pivot = maxima_only ? __uint_as_float(0x3F7FFFFFu) : 0.f;  // just under 1: only the maxima (w = 1)
+  float total = 0.f;
+  int pending = -1;
+  for (int round = 0; round <= REJECTION_ROUNDS; ++round) {
+    float local = 0.f;
+    int count = 0;
+    for (int q = tid; q < quads; q += THREADS) {
+      const float4 l = load_quad(row, q, vector);
+      const float w[4] = {weight(row, l.x), weight(row, l.y), weight(row, l.z), weight(row, l.w)};
+#pragma unroll
+      for (int j = 0; j < 4; ++j)
+        if (w[j] > pivot) { local += w[j]; ++count; }
+    }
+    // Block scan of the threads' masses (thread order = walk order) and the block's count.
+    const float incl = warp_inclusive_scan(local);
+    int warp_count = count;
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) warp_count += __shfl_xor_sync(0xffffffffu, warp_count, o);
+    __syncthreads();  // the previous round's readers are done with the shared sums
+    if (lane == 31) sh.warp_mass[warp] = incl;
+    if (lane == 0) sh.warp_count[warp] = warp_count;
+    if (tid == 0) sh.chosen = INT_MAX;
+    __syncthreads();
+    float offset = 0.f, mass = 0.f;
+    int above = 0;
+    for (int w = 0; w < WARPS; ++w) {
+      const float m = sh.warp_mass[w];
+      if (w < warp) offset += m;
+      mass += m;
+      above += sh.warp_count[w];
+    }
+    if (round == 0) total = mass;
+    else if (above == 0 || ((!use_k || above < top_k) && (!use_p || mass < top_p * total))) {
+      *token = pending;
+      return true;
+    }
+    if (round == REJECTION_ROUNDS) return false;
+    const float target = round_uniform(seed32, step, round) * mass;
+    const float excl = offset + incl - local;
+    if (local > 0.f && excl + local >= target) atomicMin(&sh.chosen, tid);
+    __syncthreads();
+    int chosen = sh.chosen;
+    if (chosen == INT_MAX) {  // rounding between the two summations: the last thread with mass
+      const int last = local > 0.f ? tid : -1;
+      __syncthreads();  // every thread has read sh.chosen
+      if (tid == 0) sh.chosen = -1;
+      __syncthreads();
+      atomicMax(&sh.chosen, last);
+      __syncthreads();
+      chosen = sh.chosen;
+    }
+    if (tid == chosen) {
+      float cumulative = excl, last_w = 0.f;
+      int pick = -1, last = -1;
+      for (int q = tid; q < quads && pick < 0; q += THREADS) {
+        const float4 l = load_quad(row, q, vector);
+        const float w[4] = {weight(row, l.x), weight(row, l.y), weight(row, l.z), weight(row, l.w)};
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          if (pick >= 0 || !(w[j] > pivot)) continue;
+          cumulative += w[j];
+          last = 4 * q + j;
+          last_w = w[j];
+          if (cumulative >= target) pick = last;
+        }
+      }
+      sh.token = last;  // the draw, or (rounding left the walk short) this thread's last id above the pivot
+      sh.pivot = last_w;
+    }
+    __syncthreads();
+    pending = sh.token;
+    pivot = sh.pivot;
+    if (maxima_only || free_row) {
+      *token = pending;
+      return true;
+    }
+  }
+  return false;
+}
+
 __global__ void __launch_bounds__(THREADS) sample_kernel(const float* __restrict__ logits, const int64_t logits_stride,
                                                          const int64_t* __restrict__ slots, const RowParams params,
                                                          float* __restrict__ penalties, bool* __restrict__ seen,
                                                          const int vocab, const bool update, const bool adjusted,
-                                                         int64_t* __restrict__ out) {
+                                                         const bool rejection, int64_t* __restrict__ out) {
   const int row_index = blockIdx.x, tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t slot = slots[row_index];
   __shared__ float scratch[WARPS];
@@ -410,6 +558,7 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(const float* __restrict
   __shared__ union {
     Candidates exact;
     FastShared fast;
+    RejectionShared rejection;
   } shared;
   Candidates& candidates = shared.exact;
   FastShared& fast = shared.fast;
@@ -423,7 +572,7 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(const float* __restrict
   const float top_p = params.top_p[row_index];
   const bool use_k = top_k > 0 && top_k < vocab;
   // The fast path's candidate count: the top-k set, or (top_p alone) the 1024 largest.
-  const int k_c = temperature > 0.f ? (use_k ? (top_k <= 1024 ? static_cast<int>(top_k) : 0) : (top_p < 1.f ? 1024 : 0)) : 0;
+  const int k_c = temperature > 0.f && !rejection ? (use_k ? (top_k <= 1024 ? static_cast<int>(top_k) : 0) : (top_p < 1.f ? 1024 : 0)) : 0;
   if (k_c > 0) {
     for (int b = tid; b < BINS; b += THREADS) fast.hist[b] = 0;
     __syncthreads();
@@ -472,6 +621,14 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(const float* __restrict
 
     float threshold = 0.f;
     FastResult fast_result = FAST_NONE;
+    if (rejection && row.mx > -INFINITY) {
+      int64_t drawn = 0;
+      if (rejection_sample(row, top_k, top_p, params.seed32[row_index], params.step[row_index], shared.rejection, &drawn)) {
+        fast_result = FAST_TOKEN;  // decided: skip the exact path below
+        if (tid == 0) token = drawn;
+      }
+      __syncthreads();  // the exact path reuses the shared union
+    }
     if (k_c > 0 && row.mx > -INFINITY)
       fast_result = fast_sample(row, fast, k_c, top_k, top_p, params.seed32[row_index], params.step[row_index], &threshold, &token);
     __syncthreads();
@@ -652,7 +809,7 @@ Tensor sample_cuda(const Tensor& logits, const Tensor& slots, const Tensor& temp
                    const Tensor& seed32, const Tensor& step, Tensor penalties, Tensor seen, bool update_penalties,
                    const OptionalTensor& mask_index, const OptionalTensor& mask_words,
                    const OptionalTensor& bias_offsets, const OptionalTensor& bias_ids,
-                   const OptionalTensor& bias_values) {
+                   const OptionalTensor& bias_values, bool rejection) {
   check_cuda(logits, "logits");
   ALBATROSS_CHECK(logits.dim() == 2 && logits.scalar_type() == ScalarType::Float && logits.stride(1) == 1,
                   "logits must be float32 [rows, vocab] with unit stride along vocab");
@@ -700,7 +857,7 @@ Tensor sample_cuda(const Tensor& logits, const Tensor& slots, const Tensor& temp
                          seed32.const_data_ptr<int64_t>(),    step.const_data_ptr<int64_t>()};
   sample_kernel<<<static_cast<unsigned>(R), THREADS, 0, current_stream(logits)>>>(
       rows, rows_stride, slots.const_data_ptr<int64_t>(), params, penalties.mutable_data_ptr<float>(),
-      seen.mutable_data_ptr<bool>(), static_cast<int>(V), update_penalties, adjusted, out.mutable_data_ptr<int64_t>());
+      seen.mutable_data_ptr<bool>(), static_cast<int>(V), update_penalties, adjusted, rejection, out.mutable_data_ptr<int64_t>());
   check_launch();
   return out;
 }

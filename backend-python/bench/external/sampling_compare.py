@@ -119,6 +119,7 @@ def timing_impls(fi: ModuleType | None, logits: torch.Tensor, filt: Filter) -> d
     impls: dict[str, tuple[Callable[[], object], str]] = {
         "ours (penalty update)": (lambda: ops.sample(logits, slots, batch, penalties, True), "logits in; zero penalties read, updated"),
         "ours (no penalty update)": (lambda: ops.sample(logits, slots, batch, penalties, False), "logits in; zero penalties read"),
+        "ours, rejection draw (penalty update)": (lambda: ops.sample(logits, slots, batch, penalties, True, rejection=True), "logits in; zero penalties read, updated"),
     }
     if fi is not None:
         args = FlashinferArgs.build(rows, filt, device)
@@ -170,11 +171,12 @@ def draw_rows(fi: ModuleType | None, vocab: int, rows: int, calls: int, device: 
     for filt in DRAW_FILTERS:
         exact = exact_distribution(logits, filt)
         batch = our_batch(rows, filt, device)
-        counts = torch.zeros(vocab, dtype=torch.int64, device=device)
-        for call in range(calls):
-            batch.step.fill_(call)
-            counts += torch.bincount(ops.sample(batch_logits, slots, batch, penalties, False), minlength=vocab)
-        out.append(_draw_row("ours", filt, counts.cpu(), exact, 0))
+        for impl, rejection in (("ours", False), ("ours, rejection draw", True)):
+            counts = torch.zeros(vocab, dtype=torch.int64, device=device)
+            for call in range(calls):
+                batch.step.fill_(call)
+                counts += torch.bincount(ops.sample(batch_logits, slots, batch, penalties, False, rejection=rejection), minlength=vocab)
+            out.append(_draw_row(impl, filt, counts.cpu(), exact, 0))
         if fi is None:
             continue
         args = FlashinferArgs.build(rows, filt, device)
