@@ -61,6 +61,8 @@ class EngineWorker(Protocol):
 
     def device_report(self) -> dict[str, object]: ...
 
+    def prefill_budget_fit(self) -> dict[str, float | int | None]: ...
+
 
 class EngineCore:
     def __init__(self, workers: list[EngineWorker], affinity: bool = False) -> None:
@@ -184,6 +186,10 @@ class EngineCore:
     def device_reports(self) -> list[dict[str, object]]:
         """Each worker's device report (benchmarks' simulated and profiled devices keep one)."""
         return [w.device_report() for w in self.workers]
+
+    def prefill_budget_fits(self) -> list[dict[str, float | int | None]]:
+        """Each worker's adaptive prefill budget: target, last budget, measured step-time fit."""
+        return [w.prefill_budget_fit() for w in self.workers]
 
     @property
     def dead_reason(self) -> str | None:

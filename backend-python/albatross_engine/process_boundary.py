@@ -38,7 +38,8 @@ DIED = "died"  # (DIED, message): the worker's step loop failed; the process exi
 METRICS = "metrics"  # -> MetricsSnapshot
 DEVICE_REPORT = "device_report"  # -> dict (Worker.device_report)
 PREFIX_CACHE_STATS = "prefix_cache_stats"  # -> dict, or None without a cache of its own
-QUERIES = (METRICS, DEVICE_REPORT, PREFIX_CACHE_STATS)
+PREFILL_BUDGET_FIT = "prefill_budget_fit"  # -> dict (Worker.prefill_budget_fit)
+QUERIES = (METRICS, DEVICE_REPORT, PREFIX_CACHE_STATS, PREFILL_BUDGET_FIT)
 
 Message = tuple[object, ...]
 # (task_id, text, token_ids, completion_tokens, cached_prompt_tokens, finish_reason, error, logprobs)

@@ -137,6 +137,11 @@ class Worker:
         report = getattr(self.device_step, "report", None)
         return report() if callable(report) else {}
 
+    def prefill_budget_fit(self) -> dict[str, float | int | None]:
+        """The adaptive prefill budget's state (PrefillBudget.describe): its target, the last
+        budget and the step-time fit this worker has measured."""
+        return self._scheduler.budget.describe()
+
     @property
     def store(self) -> StateStore | None:
         return self._store

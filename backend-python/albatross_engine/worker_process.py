@@ -201,6 +201,10 @@ class WorkerProcess:
         report = self._answer(wire.DEVICE_REPORT)
         return report if isinstance(report, dict) else {}
 
+    def prefill_budget_fit(self) -> dict[str, float | int | None]:
+        fit = self._answer(wire.PREFILL_BUDGET_FIT)
+        return fit if isinstance(fit, dict) else {}
+
     def query(self, what: str) -> Future[Any]:
         """Ask the process something (process_boundary.QUERIES); None when it is not serving."""
         future: Future[Any] = Future()

@@ -310,6 +310,8 @@ def _answer(what: str, worker: Worker, store: ProcessStateStore | None) -> objec
         return worker.metrics.snapshot()
     if what == wire.DEVICE_REPORT:
         return worker.device_report()
+    if what == wire.PREFILL_BUDGET_FIT:
+        return worker.prefill_budget_fit()
     if what == wire.PREFIX_CACHE_STATS:
         stats = getattr(store.local if store is not None else None, "stats", None)
         return stats() if callable(stats) else None
