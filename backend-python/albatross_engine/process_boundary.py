@@ -10,13 +10,17 @@ prefix states when the worker process keeps no cache of its own), never per step
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
-from typing import Any, Union
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING, Any, Union
 
 from albatross_engine.initial_state import EngineInitialState
 from albatross_engine.tasks import EngineTask, EventChannel, EventItem, PackedDelta, merge_events
 from runner.interface import BackendError, GenerationEvent, TokenLogprob
+
+if TYPE_CHECKING:
+    from albatross.constraints import CompiledGrammar, ConstraintCompiler
+    from albatross.tokenizer import Tokenizer
 
 # server -> worker process
 SUBMIT = "submit"  # (SUBMIT, TaskSpec)
@@ -49,9 +53,37 @@ PackedLogprob = tuple[int, str, float, list[tuple[int, str, float]]]
 
 
 # The fields of EngineTask fixed at submit (those before `abort_requested`), less its channel: a
-# field added there crosses the boundary without a change here. A state file's initial state
-# crosses once per process (INITIAL_STATE), and a task names it by its id.
+# field added there crosses the boundary without a change here, unless its value is a host object
+# that must not ride along with every task (or cannot be pickled): those cross as a reference,
+# below, and the worker process rebuilds them (TaskContext).
 _SUBMIT_FIELDS = tuple(f.name for f in fields(EngineTask)[: [f.name for f in fields(EngineTask)].index("abort_requested")] if f.name != "channel")
+
+@dataclass(slots=True)
+class TaskContext:
+    """What a worker process holds to rebuild its tasks' host objects from their references."""
+
+    tokenizer: Tokenizer
+    initial_states: dict[str, EngineInitialState] = field(default_factory=dict)  # by state id
+    _grammars: ConstraintCompiler | None = None  # built at the first grammar (the vocabulary's trie)
+
+    def grammar(self, text: str) -> CompiledGrammar:
+        if self._grammars is None:
+            from albatross.constraints import ConstraintCompiler
+
+            self._grammars = ConstraintCompiler(self.tokenizer)
+        return self._grammars.compile(text)
+
+
+
+# Field -> (its reference, how the worker process rebuilds it); None crosses as None. A state
+# file's initial state crosses once per process (INITIAL_STATE) and a task names it by its id. An
+# output grammar crosses as its text: the compiled form holds llguidance objects (not picklable),
+# and the matchers made from it live with the worker, so the worker process compiles the text again
+# with its own compiler (cached by text); the adapter's compile is the 400 check.
+_BY_REFERENCE: dict[str, tuple[Callable[[Any], Any], Callable[[TaskContext, Any], Any]]] = {
+    "initial_state": (lambda state: state.state_id, lambda context, state_id: context.initial_states[state_id]),
+    "grammar": (lambda grammar: grammar.text, TaskContext.grammar),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,19 +91,24 @@ class TaskSpec:
     """What a worker process needs of an `EngineTask`: everything fixed at submit."""
 
     task_id: int
-    values: dict[str, Any]  # _SUBMIT_FIELDS -> value; "initial_state" -> its state id or None
+    values: dict[str, Any]  # _SUBMIT_FIELDS -> value, or its reference (_BY_REFERENCE)
 
 
 def task_spec(task: EngineTask) -> TaskSpec:
     values = {name: getattr(task, name) for name in _SUBMIT_FIELDS}
-    values["initial_state"] = task.initial_state_id
+    for name, (reference, _) in _BY_REFERENCE.items():
+        if values.get(name) is not None:
+            values[name] = reference(values[name])
     return TaskSpec(task.task_id, values)
 
 
-def task_from_spec(spec: TaskSpec, channel: EventChannel, initial_states: Mapping[str, EngineInitialState]) -> EngineTask:
+def task_from_spec(spec: TaskSpec, channel: EventChannel, context: TaskContext) -> EngineTask:
     """The worker process's copy of the task; it keeps the server's task id, which its events name."""
-    state_id = spec.values["initial_state"]
-    return EngineTask(channel=channel, **{**spec.values, "initial_state": None if state_id is None else initial_states[state_id]})
+    values = dict(spec.values)
+    for name, (_, rebuild) in _BY_REFERENCE.items():
+        if values.get(name) is not None:
+            values[name] = rebuild(context, values[name])
+    return EngineTask(channel=channel, **values)
 
 
 def pack_item(task_id: int, item: EventItem) -> PackedItem:

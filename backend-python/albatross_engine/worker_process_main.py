@@ -264,7 +264,7 @@ def _store(spec: WorkerProcessSpec, link: ServerLink, worker: Worker) -> Process
 
 def _serve(connection: Connection, link: ServerLink, worker: Worker, tasks: dict[int, EngineTask], store: ProcessStateStore | None) -> None:
     """Read the server's messages until STOP or until the pipe closes (the server is gone)."""
-    initial_states: dict[str, EngineInitialState] = {}  # state files' states, by id
+    context = wire.TaskContext(worker.tokenizer)  # state files' states by id, this process's grammar compiler
     while True:
         try:
             message = pickle.loads(connection.recv_bytes())
@@ -275,7 +275,7 @@ def _serve(connection: Connection, link: ServerLink, worker: Worker, tasks: dict
         if kind == wire.SUBMIT:
             spec: wire.TaskSpec = message[1]
             try:
-                task = wire.task_from_spec(spec, RemoteChannel(spec.task_id), initial_states)
+                task = wire.task_from_spec(spec, RemoteChannel(spec.task_id), context)
             except Exception as error:  # one bad task fails alone
                 logger.exception("albatross worker %d: task %d could not be rebuilt", worker.index, spec.task_id)
                 link.send((wire.EVENTS, [wire.pack_item(spec.task_id, BackendError(500, f"the worker could not take the task: {error}"))]))
@@ -285,7 +285,7 @@ def _serve(connection: Connection, link: ServerLink, worker: Worker, tasks: dict
                 tasks.pop(spec.task_id, None)
                 link.send((wire.EVENTS, [wire.pack_item(spec.task_id, BackendError(503, "the albatross worker is stopping"))]))
         elif kind == wire.INITIAL_STATE:
-            initial_states[message[1]] = EngineInitialState(message[1], SlotState.from_bytes(message[2]))
+            context.initial_states[message[1]] = EngineInitialState(message[1], SlotState.from_bytes(message[2]))
         elif kind == wire.ABORT:
             aborted = tasks.get(message[1])
             if aborted is not None:

@@ -4,10 +4,14 @@ tell a worker process from a worker thread), and a task rebuilt from its spec is
 from __future__ import annotations
 
 import pickle
+from dataclasses import fields
 
+import pytest
 import torch
 
+from albatross.constraints import ConstraintCompiler, json_schema_grammar
 from albatross.state import SlotState
+from albatross.tokenizer import get_tokenizer
 from albatross_engine import process_boundary as wire
 from albatross_engine.initial_state import EngineInitialState, slot_state_from_wkv
 from albatross_engine.tasks import EngineTask, RemoteChannel, SyncChannel
@@ -46,7 +50,7 @@ def test_a_task_rebuilt_from_its_spec_keeps_every_field_fixed_at_submit() -> Non
     task = EngineTask([1, 2, 3], sampling, seed=5, channel=SyncChannel(), request_id="r1", save_key="s", use_prefix_cache=False,
                       penalized_prompt_ids=[2, 3])  # fmt: skip
     spec = pickle.loads(pickle.dumps(wire.task_spec(task)))
-    copy = wire.task_from_spec(spec, RemoteChannel(task.task_id), {})
+    copy = wire.task_from_spec(spec, RemoteChannel(task.task_id), wire.TaskContext(get_tokenizer()))
     fixed = ("task_id", "prompt_tokens", "sampling", "seed", "request_id", "load_key", "save_key", "use_prefix_cache",
              "initial_state", "penalized_prompt_ids")  # fmt: skip
     assert {name: getattr(copy, name) for name in fixed} == {name: getattr(task, name) for name in fixed}
@@ -59,9 +63,40 @@ def test_a_state_files_initial_state_crosses_by_its_id_not_with_every_task() -> 
     task = EngineTask([1], SamplingParams(max_tokens=1), seed=0, channel=SyncChannel(), initial_state=initial)
     spec = wire.task_spec(task)
     assert spec.values["initial_state"] == "tuned" and len(pickle.dumps(spec)) < 2000, "no tensor rides along with the task"
-    held = {"tuned": EngineInitialState("tuned", SlotState.from_bytes(initial.state.to_bytes()))}
-    copy = wire.task_from_spec(pickle.loads(pickle.dumps(spec)), RemoteChannel(task.task_id), held)
-    assert copy.initial_state is held["tuned"] and torch.equal(copy.initial_state.state.wkv, wkv)
+    context = wire.TaskContext(get_tokenizer())
+    context.initial_states["tuned"] = EngineInitialState("tuned", SlotState.from_bytes(initial.state.to_bytes()))
+    copy = wire.task_from_spec(pickle.loads(pickle.dumps(spec)), RemoteChannel(task.task_id), context)
+    assert copy.initial_state is context.initial_states["tuned"] and torch.equal(copy.initial_state.state.wkv, wkv)
+
+
+def test_a_worker_process_compiles_a_grammar_from_its_text_once_and_its_matchers_enforce_it() -> None:
+    """The compiled grammar (llguidance objects) does not pickle; its text does, and the worker
+    process's own compiler makes the same grammar of it, once per text."""
+    text = json_schema_grammar({"type": "boolean"})
+    compiled = ConstraintCompiler(get_tokenizer()).compile(text)
+    with pytest.raises(TypeError):
+        pickle.dumps(compiled)
+    context = wire.TaskContext(get_tokenizer())
+    first, again = context.grammar(text), context.grammar(text)
+    assert first is again and first.text == text
+    matcher = first.matcher()
+    tokenizer = get_tokenizer()
+    for token in tokenizer.encode("true"):
+        assert matcher.advance(token)
+    assert matcher.can_end()
+    refused = first.matcher()
+    assert not refused.advance(tokenizer.encode("7")[0])
+
+
+@pytest.mark.skipif("grammar" not in {f.name for f in fields(EngineTask)}, reason="EngineTask carries no grammar yet (the engine's constraints)")
+def test_a_tasks_grammar_crosses_as_its_text_and_is_rebuilt_in_the_worker_process() -> None:
+    text = json_schema_grammar({"type": "boolean"})
+    compiled = ConstraintCompiler(get_tokenizer()).compile(text)
+    task = EngineTask([1], SamplingParams(max_tokens=4), seed=0, channel=SyncChannel(), grammar=compiled)  # type: ignore[call-arg]
+    spec = pickle.loads(pickle.dumps(wire.task_spec(task)))
+    assert spec.values["grammar"] == text
+    copy = wire.task_from_spec(spec, RemoteChannel(task.task_id), wire.TaskContext(get_tokenizer()))
+    assert copy.grammar is not compiled and copy.grammar.text == text  # type: ignore[attr-defined]
 
 
 def test_plain_deltas_handed_on_unbuilt_merge_into_the_event_their_events_would_merge_into() -> None:

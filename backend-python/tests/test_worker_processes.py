@@ -12,6 +12,7 @@ import sys
 import textwrap
 import time
 from collections.abc import Iterator
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,10 @@ from albatross.model import RWKV7
 from albatross.sampler import PenaltyPool, SamplingBatch, sample, seed_to_seed32
 from albatross_engine import worker_process
 from albatross_engine.adapter import AlbatrossRWKV
+from albatross_engine.tasks import EngineTask
 from albatross_engine.worker_process import WorkerProcess
-from runner.interface import BackendError, GenerationEvent, GenerationRequest, SamplingParams
+from engine_helpers import collect
+from runner.interface import BackendError, GenerationEvent, GenerationRequest, OutputConstraint, SamplingParams
 
 BACKEND_ROOT = Path(__file__).resolve().parents[1]
 WAIT_S = 180.0  # a bound against hanging on a stuck machine, never a performance threshold
@@ -198,3 +201,24 @@ def test_switching_models_twice_and_unloading_leaves_no_worker_process(tiny_chec
     asyncio.run(switch_twice_then_unload())
     assert len(set(seen)) == 4, "each load started its own two worker processes"
     assert [pid for pid in seen if process_state(pid) is not None] == [], "a switch or the unload left a worker process"
+
+
+@pytest.mark.skipif("grammar" not in {f.name for f in fields(EngineTask)}, reason="EngineTask carries no grammar yet (the engine's constraints)")
+def test_constrained_requests_are_enforced_by_worker_processes_as_by_a_worker_thread(tiny_checkpoint: Path) -> None:
+    """The grammar crosses as text and each worker process compiles it for its own matchers: the
+    answers keep to it as a worker thread's do, and the unconstrained request beside them is the same."""
+    yes_or_no = OutputConstraint('start: "yes" | "no, thanks"', "test")
+    requests = [
+        *(GenerationRequest([5 + i, 6], SamplingParams(max_tokens=30, temperature=1.0, seed=i), constraint=yes_or_no) for i in range(4)),
+        GenerationRequest([5, 6], greedy(6)),
+    ]
+    answers: dict[str, list[tuple[str, str | None]]] = {}
+    for mode in ("thread", "process"):
+        backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=2, batch_size=4, device="cpu", worker_mode=mode)
+        try:
+            answers[mode] = [("".join(e.text for e in events), events[-1].finish_reason) for events in collect(backend, requests)]
+        finally:
+            backend.shutdown()
+    for mode, answered in answers.items():
+        assert all(text in ("yes", "no, thanks") and reason == "stop" for text, reason in answered[:4]), mode
+    assert answers["process"][4] == answers["thread"][4], "the unconstrained greedy request next to them is untouched"
