@@ -3,10 +3,14 @@
 This is the only module that knows the runner's interface. The runner finds it through
 `runner/backends.py` and calls `create_backend(model_path, strategy, settings)`.
 
-Model specs: a checkpoint path (`.pth` optional), or `random:<shape>[:<seed>]` for random weights
-of a named shape (`albatross.random_checkpoint.NAMED_SHAPES`: tiny, 0.1b, ..., 7.2b) or of
-`<layers>x<width>` (e.g. `random:2x128`), built directly on each worker's device. Benchmarks may
-instead pass `model=` an already-built RWKV7 (one worker, on that model's device).
+Model specs (model_specs.py): a checkpoint path, or `random:<shape>[:<seed>]` for random weights
+built on each worker's device. Benchmarks may instead pass `model=` an already-built RWKV7 (one
+worker thread, on that model's device), or `device_step_factory=` a simulated device.
+
+Workers run as threads of this process or as processes of their own (`worker_mode`, see
+config.py). With worker processes, the backend's `state_store` (the one the state routes manage)
+lives here, on the host, and holds the sessions; each worker process keeps its own prefix cache
+on its device when the store comes from the server settings (docs/engine.md, "Worker processes").
 """
 
 from __future__ import annotations
@@ -16,26 +20,26 @@ import dataclasses
 import logging
 import secrets
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import torch
 
-from albatross.checkpoint import ModelConfig, read_config
 from albatross.constraints import CompiledGrammar, ConstraintCompiler, ConstraintError
-from albatross.dtypes import DTYPES
 from albatross.model import RWKV7
-from albatross.random_checkpoint import NAMED_SHAPES, CheckpointShape, random_state_dict
 from albatross.tokenizer import Tokenizer, get_tokenizer
 from albatross_engine import gc_policy
 from albatross_engine.config import AlbatrossBackendConfig, config_field_names, parse_albatross_strategy
-from albatross_engine.core import INIT_ERROR_PREFIX, EngineCore
+from albatross_engine.core import INIT_ERROR_PREFIX, EngineCore, EngineWorker
 from albatross_engine.initial_state import EngineInitialState, NamespacedStateStore, namespace_for, slot_state_from_wkv
+from albatross_engine.model_specs import ModelLoader, ModelSource, model_loader, model_name, parse_random_spec, shape_config
+from albatross_engine.process_boundary import PREFIX_CACHE_STATS, merge_items
 from albatross_engine.state_store import PromptEndIndex, StateStore
-from albatross_engine.tasks import AsyncChannel, EngineTask, EventChannel, EventItem, SyncChannel, merge_events
-from albatross_engine.device_step import free_device_memory
-from albatross_engine.memory_plan import parameter_count, weight_bytes
-from albatross_engine.worker import ModelLoader, ModelSource, Worker
+from albatross_engine.tasks import AsyncChannel, EngineTask, EventChannel, EventItem, PackedDelta, SyncChannel
+from albatross_engine.worker import DeviceStepFactory, Worker
+from albatross_engine.worker_process import QUERY_TIMEOUT_S, WorkerProcess, visible_device_of
+from albatross_engine.worker_process_main import WorkerProcessSpec, with_l2_share
 from runner.interface import AbstractRWKV, BackendError, GenerationEvent, GenerationRequest
 
 if TYPE_CHECKING:
@@ -45,7 +49,8 @@ if TYPE_CHECKING:
 
 logger = logging.getLogger(__name__)
 
-RANDOM_MODEL_PREFIX = "random:"
+__all__ = ["AlbatrossRWKV", "create_backend", "parse_random_spec", "shape_config"]
+
 INIT_TIMEOUT_SECONDS = 300.0
 # (model fingerprint, device) -> store; called with `l1_bytes=` when the memory plan lowered the L1 budget
 StateStoreFactory = Callable[..., StateStore]
@@ -69,6 +74,7 @@ class AlbatrossRWKV(AbstractRWKV):
         state_store_factory: StateStoreFactory | None = None,
         settings: ServerSettings | None = None,
         model: RWKV7 | None = None,
+        device_step_factory: DeviceStepFactory | None = None,
         init_timeout: float = INIT_TIMEOUT_SECONDS,
         **extras: Any,
     ) -> None:
@@ -78,7 +84,7 @@ class AlbatrossRWKV(AbstractRWKV):
         self.config = AlbatrossBackendConfig(worker_num=worker_num, batch_size=batch_size, **extras)
         self.settings = settings
         self.model_path = model_path
-        self.name = model.name if model is not None else _model_name(model_path)
+        self.name = model.name if model is not None else model_name(model_path)
         self.tokenizer = _resolve_tokenizer(tokenizer)
         # Built now (the vocabulary's token trie, once per process) so that the first constrained
         # request waits only for its own grammar.
@@ -91,21 +97,54 @@ class AlbatrossRWKV(AbstractRWKV):
         self._model_config: ModelConfig | None = None
         self.fingerprint: str | None = None
         self.devices = _worker_devices(self.config, model)
-        loader = _prebuilt_loader(model) if model is not None else _model_loader(model_path, self.config)
+        self.worker_mode = "thread" if model is not None else self.config.effective_worker_mode(self.devices[0].type)
+        if model is not None and self.config.worker_mode == "process":
+            raise ValueError("an already-built model is served by a worker thread (worker_mode=thread)")
+        self._device_step_factory = device_step_factory
+        # Worker processes keep their own prefix caches when the store is built from the server
+        # settings; with a store passed in (tests), every state goes to that one.
+        self._worker_prefix_caches = (
+            self.worker_mode == "process" and settings is not None and state_store_factory is not None and state_store is None
+        )
         self._core: EngineCore | None = None
-        self._init_engine(loader, init_timeout)
+        if self.worker_mode == "process":
+            self._init_engine(self._worker_processes(), init_timeout, affinity=self._worker_prefix_caches)
+        else:
+            loader = _prebuilt_loader(model) if model is not None else model_loader(model_path, self.config)
+            self._init_engine(self._worker_threads(loader), init_timeout, affinity=False)
 
     # ---------------------------------------------------------------------------- engine lifecycle
 
-    def _init_engine(self, loader: ModelSource | ModelLoader, timeout: float) -> None:
-        prompt_ends = PromptEndIndex()
-        # The L1 state cache lives on worker 0's device: its plan leaves room for the budget.
-        l1_bytes = int(getattr(self.settings, "state_l1_bytes", 0) or 0) if self._state_store_factory is not None else 0
-        workers = [
-            Worker(i, device, loader, self.config, self.tokenizer, prompt_ends, cache_bytes=l1_bytes if i == 0 else 0)
+    def _l1_bytes(self) -> int:
+        return int(getattr(self.settings, "state_l1_bytes", 0) or 0) if self._state_store_factory is not None else 0
+
+    def _worker_threads(self, loader: ModelSource | ModelLoader) -> list[EngineWorker]:
+        prompt_ends = PromptEndIndex()  # one store, so one index of its prompt ends
+        l1_bytes = self._l1_bytes()  # the L1 state cache lives on worker 0's device: its plan leaves room for it
+        return [
+            Worker(i, device, loader, self.config, self.tokenizer, prompt_ends, cache_bytes=l1_bytes if i == 0 else 0,
+                   device_step_factory=self._device_step_factory)  # fmt: skip
             for i, device in enumerate(self.devices)
         ]
-        core = EngineCore(workers)
+
+    def _worker_processes(self) -> list[EngineWorker]:
+        own_caches = self._worker_prefix_caches
+        server_store = self.state_store is not None or self._state_store_factory is not None
+        prefix_settings = with_l2_share(self.settings, len(self.devices)) if own_caches else None
+        # Each worker process's own prefix cache has its L1 on its GPU: its plan leaves room for it.
+        l1_bytes = self._l1_bytes() if own_caches else 0
+        return [
+            WorkerProcess(WorkerProcessSpec(
+                index=i, device="cuda:0" if device.type == "cuda" else str(device), model_path=self.model_path, config=self.config,
+                vocab_path=str(self.tokenizer.vocab_path), server_store=server_store, prefix_cache_settings=prefix_settings,
+                device_step_factory=self._device_step_factory, log_level=logging.getLogger("albatross_engine").getEffectiveLevel(),
+                cpu_threads=max(1, torch.get_num_threads() // len(self.devices)), cache_bytes=l1_bytes,
+            ), device, visible_device_of(device))  # fmt: skip
+            for i, device in enumerate(self.devices)
+        ]
+
+    def _init_engine(self, workers: list[EngineWorker], timeout: float, affinity: bool) -> None:
+        core = EngineCore(workers, affinity=affinity)
         try:
             core.start(timeout, on_ready=lambda: self._attach_state_store(workers))
         except RuntimeError as error:
@@ -114,28 +153,29 @@ class AlbatrossRWKV(AbstractRWKV):
         self._core = core
         gc_policy.engine_started()
         logger.info(
-            "Albatross engine initialized: workers=%d, batch_size=%d (devices %s, overlap %s)",
+            "Albatross engine initialized: workers=%d, batch_size=%d (worker %ss on %s, overlap %s)",
             self.config.worker_num,
             self.config.batch_size,
+            self.worker_mode,
             ", ".join(str(w.device) for w in workers),
-            workers[0].overlap,
+            getattr(workers[0], "overlap", None),
         )
 
-    def _attach_state_store(self, workers: list[Worker]) -> None:
-        first = workers[0].model
-        assert first is not None
-        self.fingerprint = first.fingerprint
-        self._model_config = first.config
+    def _attach_state_store(self, workers: list[EngineWorker]) -> None:
+        first = workers[0]
+        fingerprint = self.fingerprint = first.fingerprint  # type: ignore[attr-defined]
+        self._model_config = first.model_config  # type: ignore[attr-defined]
         if self.state_store is None and self._state_store_factory is not None:
-            plan = workers[0].plan
-            if plan is not None and plan.cache_bytes < workers[0].cache_bytes:  # the plan lowered the L1 budget
-                self.state_store = self._state_store_factory(first.fingerprint, workers[0].device, l1_bytes=plan.cache_bytes)
+            if isinstance(first, WorkerProcess):  # worker processes reach it through their pipes: host memory here
+                self.state_store = self._state_store_factory(fingerprint, torch.device("cpu"))
+            elif first.plan is not None and first.plan.cache_bytes < first.cache_bytes:  # type: ignore[attr-defined]
+                self.state_store = self._state_store_factory(fingerprint, first.device, l1_bytes=first.plan.cache_bytes)  # type: ignore[attr-defined]  # the plan lowered the L1 budget
             else:
-                self.state_store = self._state_store_factory(first.fingerprint, workers[0].device)
+                self.state_store = self._state_store_factory(fingerprint, first.device)
             self._owns_store = True
         self._raw_store = self.state_store
         for worker in workers:
-            worker.store = self.state_store
+            worker.store = self.state_store  # type: ignore[attr-defined]
 
     def shutdown(self) -> None:
         core, self._core = self._core, None
@@ -149,13 +189,9 @@ class AlbatrossRWKV(AbstractRWKV):
             torch.cuda.empty_cache()
 
     def health(self) -> str | None:
+        """None while every worker serves, else why not (GET /readyz)."""
         core = self._core
-        if core is None:
-            return "the albatross engine is shut down"
-        dead = [str(w.index) for w in core.workers if not w.alive]
-        if not core.running or dead:
-            return core.dead_reason or f"albatross worker(s) {', '.join(dead)} stopped"
-        return None
+        return "the albatross engine is shut down" if core is None else core.health()
 
     @property
     def core(self) -> EngineCore:
@@ -241,9 +277,10 @@ class AlbatrossRWKV(AbstractRWKV):
                     done = True
                     raise item
                 # Under load the caller falls behind the engine; what has queued up meanwhile goes
-                # out as one event (up to the finish; an error is raised on the next round).
-                later: list[GenerationEvent] = []
-                while item.finish_reason is None:
+                # out as one event (up to the finish; an error is raised on the next round). A
+                # tuple is a worker process's plain delta, never final (process_boundary.py).
+                later: list[GenerationEvent | PackedDelta] = []
+                while isinstance(item, tuple) or item.finish_reason is None:
                     if at == len(queued):
                         queued, at = channel.take(), 0
                         if not queued:
@@ -253,11 +290,11 @@ class AlbatrossRWKV(AbstractRWKV):
                         break
                     at += 1
                     later.append(following)
-                    if following.finish_reason is not None:
+                    if not isinstance(following, tuple) and following.finish_reason is not None:
                         break
-                item = merge_events(item, later)
-                done = item.finish_reason is not None
-                yield item
+                event = merge_items(item, later, task.prompt_len)
+                done = event.finish_reason is not None
+                yield event
                 if done:
                     return
         finally:
@@ -277,6 +314,8 @@ class AlbatrossRWKV(AbstractRWKV):
                 if isinstance(item, BaseException):
                     done = True
                     raise item
+                if isinstance(item, tuple):  # a worker process's plain delta
+                    item = merge_items(item, [], task.prompt_len)
                 done = item.finish_reason is not None
                 yield item
                 if done:
@@ -323,16 +362,20 @@ class AlbatrossRWKV(AbstractRWKV):
             "prefill_chunk": self.config.prefill_chunk,
             "prefill_budget": self.config.prefill_budget,
             "itl_target_ms": self.config.itl_target_ms,
+            "worker_mode": self.worker_mode,
             "engine_running": core is not None and core.running,
+            "workers": [] if core is None else [_worker_state(w) for w in core.workers],
             **metrics,
         }
         if core is not None:  # weights, states, activations, graphs, cache and free memory per worker
-            result["memory_plan"] = [
-                {"device": str(worker.device), **worker.plan.as_status()} for worker in core.workers if worker.plan is not None
-            ]
+            plans = [(worker.device, _plan_status(worker)) for worker in core.workers]
+            result["memory_plan"] = [{"device": str(device), **plan} for device, plan in plans if plan is not None]
         stats = getattr(self.state_store, "stats", None)
         if callable(stats):
             result["state_cache"] = stats()
+        if core is not None and self._worker_prefix_caches:
+            asked = [w.query(PREFIX_CACHE_STATS) for w in core.workers if isinstance(w, WorkerProcess)]  # all at once
+            result["worker_prefix_caches"] = [_answer_or_none(answer) for answer in asked]
         return result
 
 
@@ -357,71 +400,24 @@ def create_backend(model_path: str, strategy: str, settings: ServerSettings) -> 
 # ---------------------------------------------------------------------------- models and devices
 
 
-def _model_name(model_path: str) -> str:
-    if model_path.startswith(RANDOM_MODEL_PREFIX):
-        return "random-" + model_path[len(RANDOM_MODEL_PREFIX) :].replace(":", "-")
-    name = Path(model_path).name
-    return name[: -len(".pth")] if name.endswith(".pth") else name
+def _answer_or_none(answer: Future[Any]) -> object:
+    try:
+        return answer.result(QUERY_TIMEOUT_S)
+    except TimeoutError:
+        return None
 
 
-def parse_random_spec(spec: str) -> tuple[CheckpointShape, int]:
-    """`random:<shape>[:<seed>]` -> (shape, seed); shape a NAMED_SHAPES name or `<layers>x<width>`."""
-    body = spec[len(RANDOM_MODEL_PREFIX) :] if spec.startswith(RANDOM_MODEL_PREFIX) else spec
-    shape_name, _, seed_text = body.partition(":")
-    seed = int(seed_text) if seed_text else 0
-    if shape_name.lower() in NAMED_SHAPES:
-        return NAMED_SHAPES[shape_name.lower()], seed
-    layers, sep, width = shape_name.lower().partition("x")
-    if sep and layers.isdigit() and width.isdigit():
-        return CheckpointShape(n_layer=int(layers), n_embd=int(width)), seed
-    raise ValueError(f"unknown random model shape {shape_name!r}; known: {', '.join(NAMED_SHAPES)} or <layers>x<width>")
+def _worker_state(worker: EngineWorker) -> str:
+    if isinstance(worker, WorkerProcess):
+        return worker.state
+    return "serving" if worker.alive else "down"
 
 
-def _model_loader(model_path: str, config: AlbatrossBackendConfig) -> ModelSource:
-    if model_path.startswith(RANDOM_MODEL_PREFIX):
-        shape, seed = parse_random_spec(model_path)
-
-        def load_random(device: torch.device) -> RWKV7:
-            dtype = config.effective_dtype(device.type)
-            state_dict = random_state_dict(shape, seed=seed, dtype=DTYPES[dtype], device=_random_weights_device(shape, config, device))
-            return RWKV7.from_state_dict(
-                state_dict, device, dtype, name=_model_name(model_path), progress=False, weights=config.weights
-            )
-
-        return ModelSource(load_random, lambda: shape_config(shape))
-
-    def load_file(device: torch.device) -> RWKV7:
-        return RWKV7.load(model_path, device, config.effective_dtype(device.type), progress=False, weights=config.weights)
-
-    return ModelSource(load_file, lambda: read_config(model_path))  # shapes only: the file is memory-mapped
-
-
-def shape_config(shape: CheckpointShape) -> ModelConfig:
-    """The ModelConfig of `random_state_dict(shape)`, without generating it."""
-    return ModelConfig(
-        n_layer=shape.n_layer,
-        n_embd=shape.n_embd,
-        n_head=shape.n_embd // shape.head_size,
-        head_size=shape.head_size,
-        vocab_size=shape.vocab_size,
-        decay_rank=shape.decay_rank,
-        a_rank=shape.a_rank,
-        value_rank=shape.value_rank if shape.n_layer > 1 else 0,
-        gate_rank=shape.gate_rank,
-        ffn_size=4 * shape.n_embd,
-    )
-
-
-def _random_weights_device(shape: CheckpointShape, config: AlbatrossBackendConfig, device: torch.device) -> torch.device:
-    """Random weights are generated in fp32 as one dict before conversion: on the GPU that is fast,
-    but needs four bytes a parameter beside the converted model; when that does not fit (a 7B on a
-    12 GB card), they are generated in host memory and converted onto the GPU tensor by tensor."""
-    if device.type != "cuda":
-        return device
-    model_config = shape_config(shape)
-    dtype_bytes = DTYPES[config.effective_dtype(device.type)].itemsize
-    needed = 4 * parameter_count(model_config) + weight_bytes(model_config, config.weights, dtype_bytes)
-    return device if needed < 0.9 * free_device_memory(device) else torch.device("cpu")
+def _plan_status(worker: EngineWorker) -> dict[str, object] | None:
+    if isinstance(worker, WorkerProcess):
+        return worker.plan_status
+    plan = worker.plan  # type: ignore[attr-defined]
+    return None if plan is None else plan.as_status()
 
 
 def _prebuilt_loader(model: RWKV7) -> ModelLoader:  # planned once built, its weights resident

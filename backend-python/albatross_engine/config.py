@@ -20,6 +20,7 @@ from runner.backends import ALBATROSS_STRATEGY_WORDS as STRATEGY_WORDS
 logger = logging.getLogger(__name__)
 
 DTYPE_NAMES = tuple(DTYPES)  # for weights and activations (`dtype`) and WKV states (`state_dtype`)
+WORKER_MODES = ("process", "thread")
 # Short chunks from many prompts, a large budget per step: the measurements are in docs/performance.md.
 DEFAULT_PREFILL_CHUNK = 128
 DEFAULT_PREFILL_BUDGET = 16384
@@ -33,7 +34,7 @@ _DEVICE_PATTERN = re.compile(r"^(cpu|cuda|cuda:\d+)$")
 
 @dataclass(frozen=True, slots=True)
 class AlbatrossBackendConfig:
-    worker_num: int = 1  # one worker thread per device
+    worker_num: int = 1  # one worker per device (a thread or a process: worker_mode)
     batch_size: int = 32  # state slots per worker
     device: str | None = None  # None: cuda when available, else cpu; "cuda:N" puts worker 0 on GPU N
     dtype: str | None = None  # weights and activations; None: fp16 on cuda, fp32 on cpu
@@ -44,6 +45,7 @@ class AlbatrossBackendConfig:
     state_dtype: str | None = None  # WKV state precision; None: fp16 on cuda, fp32 on cpu (docs/performance.md)
     overlap: bool | None = None  # host work of step N while step N+1 runs; None: on for cuda
     cuda_graphs: bool = True  # replay decode-only steps from CUDA graphs (a GPU only)
+    worker_mode: str | None = None  # "process" or "thread"; None: effective_worker_mode() decides
 
     def __post_init__(self) -> None:
         for name in ("worker_num", "batch_size", "prefill_chunk", "prefill_budget"):
@@ -61,6 +63,8 @@ class AlbatrossBackendConfig:
                 raise ValueError(f"{name} must be one of {', '.join(DTYPE_NAMES)}, got {value!r}")
         if self.weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {self.weights!r}")
+        if self.worker_mode is not None and self.worker_mode not in WORKER_MODES:
+            raise ValueError(f"worker_mode must be one of {', '.join(WORKER_MODES)}, got {self.worker_mode!r}")
 
     @property
     def itl_target_s(self) -> float | None:
@@ -76,6 +80,16 @@ class AlbatrossBackendConfig:
         faster at batch 960 and costs less accuracy than the fp16 weights already do
         (docs/performance.md, "Default WKV state dtype")."""
         return self.state_dtype or default_dtype_name(device_type)
+
+    def effective_worker_mode(self, device_type: str) -> str:
+        """Where each worker runs: "process" (its own spawned process, one CUDA context and one GIL
+        each) or "thread" (threads of the server process, sharing its GIL). The default is a process
+        per GPU, because the host work of one GPU step takes about a third of the step at batch 960
+        and one GIL feeds about two GPUs at most; on the CPU, threads (a process buys nothing there,
+        the workers share the same cores). Measurements: docs/performance.md, "Worker processes"."""
+        if self.worker_mode is not None:
+            return self.worker_mode
+        return "process" if device_type == "cuda" else "thread"
 
 
 def is_albatross_strategy(strategy: str) -> bool:
@@ -137,6 +151,7 @@ _KEYS: dict[str, tuple[str, Callable[[str], object]]] = {
     "state_dtype": ("state_dtype", _choice(DTYPE_NAMES)),
     "overlap": ("overlap", _boolean),
     "cuda_graphs": ("cuda_graphs", _boolean),
+    "worker_mode": ("worker_mode", _choice(WORKER_MODES)),
 }
 
 

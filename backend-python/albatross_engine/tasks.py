@@ -11,7 +11,7 @@ import asyncio
 import itertools
 import queue
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from albatross_engine.state_store import PrefixHasher
 from runner.interface import FinishReason, GenerationEvent, SamplingParams
@@ -21,7 +21,11 @@ if TYPE_CHECKING:
     from albatross.detokenizer import TextStream
     from albatross_engine.initial_state import EngineInitialState
 
-EventItem = Union[GenerationEvent, BaseException]  # an exception ends the stream by being raised
+# A worker process's plain delta as it came through the pipe (process_boundary.py: text, token ids
+# and counters, never final): the server hands it on unbuilt, and the caller's reader builds one
+# event from however many have queued up (process_boundary.merge_items), not one object per token.
+PackedDelta = tuple[Any, ...]
+EventItem = Union[GenerationEvent, BaseException, PackedDelta]  # an exception ends the stream by being raised
 
 _task_ids = itertools.count(1)
 
@@ -93,7 +97,18 @@ class SyncChannel:
         self.closed = False
 
 
-EventChannel = Union[AsyncChannel, SyncChannel]
+class RemoteChannel:
+    """Events for a caller in another process: a worker process's outbox sends them through its
+    pipe (worker_process_main.py), and the server process hands them to the caller's own channel."""
+
+    __slots__ = ("task_id", "closed")
+
+    def __init__(self, task_id: int) -> None:
+        self.task_id = task_id
+        self.closed = False
+
+
+EventChannel = Union[AsyncChannel, SyncChannel, RemoteChannel]
 
 
 def _deliver(batch: list[tuple[AsyncChannel, EventItem]]) -> None:
@@ -113,7 +128,9 @@ class EventOutbox:
     def add(self, channel: EventChannel, item: EventItem) -> None:
         if channel.closed:
             return
-        if isinstance(channel, SyncChannel):
+        if not isinstance(channel, AsyncChannel):
+            if not isinstance(channel, SyncChannel):
+                raise TypeError(f"{type(channel).__name__} needs the outbox of a worker process")
             channel.queue.put(item)
             return
         batch = self._by_loop.get(channel.loop)

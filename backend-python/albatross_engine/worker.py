@@ -20,7 +20,6 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future
-from dataclasses import dataclass
 
 import torch
 
@@ -36,7 +35,8 @@ from albatross_engine.device_step import DeviceStep, IssuedStep, RowInputsRefuse
 from albatross_engine.finishing import Finisher, fail_all
 from albatross_engine.memory_plan import MemoryPlan, MemoryPlanError, MemoryRequest, plan_memory
 from albatross_engine.grammar_masks import GrammarMasks
-from albatross_engine.metrics import WorkerMetrics
+from albatross_engine.metrics import MetricsSnapshot, WorkerMetrics
+from albatross_engine.model_specs import ModelLoader, ModelSource
 from albatross_engine.results import ResultProcessor
 from albatross_engine.saved_states import SavedStates
 from albatross_engine.scheduler import Row, RowKind, Scheduler, StepPlan
@@ -46,19 +46,13 @@ from runner.interface import BackendError
 
 logger = logging.getLogger(__name__)
 
-ModelLoader = Callable[[torch.device], RWKV7]
-
-
-@dataclass(frozen=True, slots=True)
-class ModelSource:
-    """What a worker loads: how to build the model on a device, and its shape before any weight
-    is read (so the memory plan can refuse before loading; None: planned once built)."""
-
-    build: ModelLoader
-    config: Callable[[], ModelConfig] | None = None
+# (model, batch_size, state_dtype, cuda_graphs) -> the device side; benchmarks pass a simulated one.
+DeviceStepFactory = Callable[[RWKV7, int, str, bool], DeviceStep]
 
 
 class Worker:
+    isolated = False  # its death ends the engine: a thread's failure may have broken the process's CUDA context
+
     def __init__(
         self,
         index: int,
@@ -69,6 +63,9 @@ class Worker:
         prompt_ends: PromptEndIndex | None = None,
         on_death: Callable[[Worker, BaseException], None] | None = None,
         cache_bytes: int = 0,
+        *,
+        outbox: EventOutbox | None = None,
+        device_step_factory: DeviceStepFactory | None = None,  # None: DeviceStep
     ) -> None:
         self.index = index
         self.device = device
@@ -91,7 +88,8 @@ class Worker:
         self._load = 0  # tasks placed here and not yet finished
         self._closed = False
         self._stopping = False
-        self._outbox = EventOutbox()
+        self._outbox = outbox if outbox is not None else EventOutbox()  # a worker process passes one that pipes events
+        self._device_step_factory: DeviceStepFactory = device_step_factory or DeviceStep
         self._store: StateStore | None = None
         self.device_step: DeviceStep | None = None
         # Made with the device step, on this worker's thread (_load_model):
@@ -112,6 +110,37 @@ class Worker:
     @property
     def model(self) -> RWKV7 | None:
         return None if self.device_step is None else self.device_step.model
+
+    @property
+    def model_config(self) -> ModelConfig:
+        model = self.model
+        if model is None:
+            raise RuntimeError(f"worker {self.index} has no model loaded")
+        return model.config
+
+    @property
+    def fingerprint(self) -> str:
+        model = self.model
+        if model is None:
+            raise RuntimeError(f"worker {self.index} has no model loaded")
+        return model.fingerprint
+
+    def metrics_future(self) -> Future[MetricsSnapshot]:
+        """The counters now (the core asks worker processes without waiting; a thread answers at once)."""
+        future: Future[MetricsSnapshot] = Future()
+        future.set_result(self.metrics.snapshot())
+        return future
+
+    def device_report(self) -> dict[str, object]:
+        """What the device side reports about itself, when it keeps a report (the benchmarks'
+        simulated and profiled devices do); read it before shutdown."""
+        report = getattr(self.device_step, "report", None)
+        return report() if callable(report) else {}
+
+    def prefill_budget_fit(self) -> dict[str, float | int | None]:
+        """The adaptive prefill budget's state (PrefillBudget.describe): its target, the last
+        budget and the step-time fit this worker has measured."""
+        return self._scheduler.budget.describe()
 
     @property
     def store(self) -> StateStore | None:
@@ -192,7 +221,7 @@ class Worker:
             plan = self.plan
             assert plan is not None
             state_dtype = self.config.effective_state_dtype(self.device.type)
-            device_step = self.device_step = DeviceStep(model, plan.batch_size, state_dtype, self.config.cuda_graphs)
+            device_step = self.device_step = self._device_step_factory(model, plan.batch_size, state_dtype, self.config.cuda_graphs)
         except torch.OutOfMemoryError as error:  # the plan's estimate fell short: one message, no traceback
             raise MemoryPlanError(_out_of_memory_message(self.plan, error)) from None
         self._saved_states = SavedStates(device_step, self.metrics, self._prompt_ends, self._store)

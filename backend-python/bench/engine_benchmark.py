@@ -37,7 +37,7 @@ from albatross import cuda_ops
 from albatross.model import RWKV7
 from albatross.random_checkpoint import random_state_dict
 from albatross_engine.adapter import AlbatrossRWKV, parse_random_spec
-from step_profile import StepProfiler  # bench/ is the script's folder
+from step_profile import ProfiledDevice, print_report  # bench/ is the script's folder
 from timeline import print_timeline, timeline_point
 from runner.interface import GenerationRequest, SamplingParams
 
@@ -65,8 +65,9 @@ class Summary:
     engine: dict[str, object]
     device: str
     model: str
+    worker_mode: str = "thread"
     timeline: list[dict[str, float]] = field(default_factory=list)
-    step_profile: dict[str, object] = field(default_factory=dict)
+    step_profile: list[dict[str, object]] = field(default_factory=list)  # one per worker (its GPU)
 
 
 def percentiles(values: list[float]) -> dict[str, float]:
@@ -88,7 +89,11 @@ def build_backend(args: argparse.Namespace) -> AlbatrossRWKV:
         extras["overlap"] = args.overlap == "on"
     if args.state_dtype is not None:
         extras["state_dtype"] = args.state_dtype
-    if args.model or args.workers > 1:  # each worker loads its own copy (random weights: built on its GPU)
+    if args.worker_mode is not None:
+        extras["worker_mode"] = args.worker_mode
+    if args.step_profile and (args.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda"):
+        extras["device_step_factory"] = ProfiledDevice()  # CUDA events around every step, in each worker
+    if args.model or args.workers > 1 or args.worker_mode == "process":  # each worker loads its own copy (random weights: built on its GPU)
         return AlbatrossRWKV(args.model or f"random:{args.shape}", args.workers, args.batch, device=args.device, **extras)
     device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = torch.float16 if device.type == "cuda" else torch.float32
@@ -158,6 +163,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", help="a checkpoint path instead of random weights")
     parser.add_argument("--device", help="cuda, cuda:N or cpu (default: cuda when available)")
     parser.add_argument("--workers", type=int, default=1, help="workers (one GPU each; more than one loads the model per worker)")
+    parser.add_argument("--worker-mode", choices=("thread", "process"), help="default: the engine's (a process per GPU on cuda)")
     parser.add_argument("--requests", type=int, default=960)
     parser.add_argument("--batch", type=int, default=960, help="state slots (the engine's batch size)")
     parser.add_argument("--prompt-min", type=int, default=64)
@@ -178,14 +184,11 @@ def main(argv: list[str] | None = None) -> None:
     backend = build_backend(args)
     try:
         warm_up(backend)
-        profiler = None
-        if args.step_profile and str(backend.status().get("device", "")).startswith("cuda"):
-            profiler = StepProfiler(backend.core.workers[0].device_step)
         timeline: list[dict[str, float]] = []
         timings, wall = asyncio.run(run(backend, args, timeline))
         engine = backend.status()
-        engine["prefill_budget_fit"] = [worker._scheduler.budget.describe() for worker in backend.core.workers]  # the workers' own schedulers
-        step_profile = profiler.report() if profiler is not None else {}
+        engine["prefill_budget_fit"] = backend.core.prefill_budget_fits()  # each worker's own scheduler
+        step_profile = [report for report in backend.core.device_reports() if report] if args.step_profile else []
     finally:
         backend.shutdown()
 
@@ -210,11 +213,14 @@ def main(argv: list[str] | None = None) -> None:
                                        "peak_device_memory_bytes", "steps", "itl_target_ms", "prefill_budget_fit") if k in engine},
         device=device,
         model=args.model or f"random:{args.shape}",
+        worker_mode=backend.worker_mode,
         timeline=timeline,
         step_profile=step_profile,
     )  # fmt: skip
 
-    print(f"\n{summary.model} on {summary.device}, {summary.workers} worker(s) | torch {torch.__version__} | python {platform.python_version()}")
+    for index, report in enumerate(step_profile):
+        print_report(report, f" of worker {index}")
+    print(f"\n{summary.model} on {summary.device}, {summary.workers} worker {summary.worker_mode}(s) | torch {torch.__version__} | python {platform.python_version()}")
     print(f"{'requests':>9}{'batch':>7}{'prompt tok':>12}{'gen tok':>10}{'wall s':>9}{'tok/s':>10}"
           f"{'TTFT p50':>10}{'p90':>9}{'p99':>9}{'ITL p50':>9}{'p90':>8}{'p99':>8}  (ms)")
     print(f"{summary.requests:>9}{summary.batch:>7}{summary.prompt_tokens:>12}{summary.generated_tokens:>10}"

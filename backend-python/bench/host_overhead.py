@@ -1,193 +1,129 @@
-"""The engine's host work against a simulated device: is Python fast enough to keep the GPU busy?
+"""The engine's host work against simulated devices: is Python fast enough to keep the GPUs busy?
 
-The real scheduler, worker, event delivery and adapter run; only `DeviceStep` is replaced by one
-whose steps "run" on a simulated device clock (a step takes the time of the H200's measured step
-profile, `engine_benchmark.py --step-profile`) and whose sampled ids arrive when that step is done
-(the worker waits for them with the GIL released, as it does on a CUDA event). Whatever the host
-adds on top of the device's busy time is host overhead: with enough host speed, the run takes the
-sum of its step times.
+The real scheduler, worker, event delivery and adapter run; only `DeviceStep` is replaced by a
+simulated device (bench/simulated_device.py) whose steps take the H200's measured step times and
+whose sampled ids arrive when the step is done. Whatever the host adds on top of the devices' busy
+time is host overhead: with enough host speed, N workers deliver N times one worker's tokens/s.
 
-    python bench/host_overhead.py                     # the 960-request workload of engine_benchmark.py
+    python bench/host_overhead.py                                   # one worker, 960 requests, thread mode
+    python bench/host_overhead.py --workers 1,2,4,8 --worker-mode thread,process --json out.json
     python bench/host_overhead.py --requests 64 --batch 64 --max-tokens 64
     python bench/host_overhead.py --mixed 18,26,40 --latency --itl-target-ms 0    # static budget
     python bench/host_overhead.py --mixed 18,26,40 --latency --itl-target-ms 150  # adaptive budget
     python bench/host_overhead.py --constrained 0.1   # 10% of the requests under structured_benchmark.py's schema
 
-With `--constrained`, the masked rows of a step are sampled on the simulated device once the worker
-has filled their masks (an allowed id picked from each mask, on the host, timed and reported apart
-so it can be discounted); the device waits for that call, so mask work that does not fit under the
-forward shows up as idle time.
+`--requests` and `--batch` are per worker (each simulated GPU gets the 960-request workload of
+engine_benchmark.py). For each (mode, N) it prints tokens/s and the speed-up over one worker of
+the same mode, the devices' idle time between steps, and the CPU time per step of the workers
+(threads, or their processes), of the server process's link threads (worker processes: decoding
+a step's events from the pipe and handing them to the callers), of the callers' loop, and of the
+whole server process. In thread mode it also times the worker's result processing (detokenize,
+stop matching, events): the per-step work a boundary that sent token ids would move into the
+server process. A machine needs a core per worker process plus the server's for the process rows
+to mean anything; `--decode-ms` stretches the simulated steps to see the scaling on fewer cores.
 
-Prints the run's wall time, the simulated device's busy time, the idle time between steps, and
-the CPU time per step of the worker threads, the caller's loop and the whole process. `--latency`
-also times every request as engine_benchmark.py does (TTFT, inter-token gaps per token; it adds
-that bookkeeping to the caller's loop), and `--itl-target-ms` / `--prefill-budget` /
+`--latency` also times every request as engine_benchmark.py does (TTFT, inter-token gaps per
+token; it adds that bookkeeping to the caller's loop), and `--itl-target-ms` / `--prefill-budget` /
 `--prefill-chunk` set the engine's prefill policy, so the adaptive budget can be compared with the
-static one against the same simulated device.
+static one against the same simulated devices; each run prints the budget's fit per worker.
+`--constrained F` puts that fraction of the requests under structured_benchmark.py's schema: the
+real matchers fill the masks, the simulated device picks allowed ids and runs the masked rows'
+sampler call after the forward (`--masked-ms`), so mask work that does not fit under the forward
+shows up as idle time before those calls.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
+import os
 import random
 import sys
 import threading
 import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 from pathlib import Path
-
-import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import numpy as np
-
-from albatross.constraints import MASK_WORDS, json_schema_grammar
-from albatross.model import RWKV7
-from albatross.random_checkpoint import random_state_dict
-from albatross_engine import worker as worker_module
-from albatross_engine.adapter import AlbatrossRWKV, parse_random_spec
-from albatross_engine.device_step import IssuedStep, MaskedRows
-from albatross_engine.scheduler import StepPlan
+from albatross_engine.adapter import AlbatrossRWKV
+from albatross_engine.results import ResultProcessor
+from albatross_engine.worker_process import WorkerProcess
+from bench.simulated_device import H200_DECODE_MS, H200_MIXED, SimulatedDevice
+from albatross.constraints import json_schema_grammar
 from engine_benchmark import RequestTiming, one_request, percentiles  # bench/ is the script's folder
 from runner.interface import GenerationRequest, OutputConstraint, SamplingParams
 from structured_benchmark import benchmark_schema
 
 
-class _DeviceClock:
-    """Steps run one after another; each starts when both it is issued and the previous one is done."""
-
-    def __init__(self, decode_ms: float, mixed: tuple[float, float, float]) -> None:
-        self.decode_ms = decode_ms
-        self.mixed = mixed
-        self.free_at = 0.0
-        self.busy = 0.0
-        self.idle = 0.0
-        self.idle_by_kind: dict[str, float] = {}  # idle before a step, by the kind of that step
-        self.lock = threading.Lock()
-
-    def run_after(self, ms: float) -> float:
-        """A call issued now that runs after everything queued (the masked rows' sampler call)."""
-        now = time.perf_counter()
-        with self.lock:
-            if now > self.free_at:
-                self.idle += now - self.free_at
-                self.idle_by_kind["masked"] = self.idle_by_kind.get("masked", 0.0) + now - self.free_at
-            self.free_at = max(now, self.free_at) + ms / 1000
-            self.busy += ms / 1000
-            return self.free_at
-
-    def run(self, plan: StepPlan) -> float:
-        ms = (self.decode_ms if not plan.prefill_tokens
-              else self.mixed[0] + self.mixed[1] * plan.prefill_tokens / 1000 + self.mixed[2] * plan.decode_tokens / 1000)  # fmt: skip
-        now = time.perf_counter()
-        with self.lock:
-            if self.free_at and now > self.free_at:
-                self.idle += now - self.free_at
-                kind = "mixed" if plan.prefill_tokens else "decode"
-                self.idle_by_kind[kind] = self.idle_by_kind.get(kind, 0.0) + now - self.free_at
-            start = max(now, self.free_at)
-            self.free_at = start + ms / 1000
-            self.busy += ms / 1000
-            return self.free_at
+@dataclass(slots=True)
+class RunResult:
+    worker_mode: str
+    workers: int
+    requests: int
+    generated_tokens: int
+    wall_s: float
+    tokens_per_s: float
+    speedup: float  # over one worker of the same mode
+    steps: int
+    device_busy_s: float  # summed over the devices
+    device_idle_s: float  # between steps, summed over the devices
+    worker_cpu_ms_per_step: float  # worker threads or worker processes, per step of one worker
+    results_ms_per_step: float  # thread mode: ResultProcessor.process, per step of one worker
+    link_cpu_ms_per_step: float  # process mode: the server's link threads, per step of one worker
+    caller_loop_ms_per_step: float  # per step of one worker
+    server_cpu_ms_per_step: float  # the whole server process, per step of one worker
+    prefill_policy: dict[str, object]  # itl_target_ms, prefill_budget, prefill_chunk as the engine runs them
+    prefill_budget_fit: list[dict[str, float | int | None]]  # per worker
+    ttft_ms: dict[str, float]  # --latency: percentiles, else empty
+    inter_token_ms: dict[str, float]
+    masked_samples: int  # --constrained: every worker's masked samples
+    mask_fill_ms_per_step: float  # the workers' mask filling, per step of one worker
+    masked_idle_s: float  # the devices' idle time before the masked rows' sampler calls, summed
+    pick_ms_per_step: float  # the simulation's own picking of masked ids (in the worker CPU above)
 
 
-class _Done:
-    def __init__(self, at: float) -> None:
-        self.at = at
+class _ResultTimer:
+    """Times ResultProcessor.process in this process (worker threads only)."""
 
-    def synchronize(self) -> None:
-        delay = self.at - time.perf_counter()
-        if delay > 0:
-            time.sleep(delay)  # releases the GIL, like waiting on a CUDA event
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self._lock = threading.Lock()
+        self._original: Callable[..., None] = ResultProcessor.process
 
+    def __enter__(self) -> _ResultTimer:
+        original, timer = self._original, self
 
-class SimulatedDeviceStep:
-    """`DeviceStep`'s interface, with a device clock instead of a model."""
+        def timed(processor: ResultProcessor, issued: object) -> None:
+            started = time.thread_time()
+            try:
+                original(processor, issued)
+            finally:
+                with timer._lock:
+                    timer.seconds += time.thread_time() - started
 
-    timing: tuple[float, tuple[float, float, float]] = (38.7, (67.0, 20.9, 13.5))  # set by main()
-    masked_ms = 0.5  # the masked rows' sampler call (mask copy, constrain and sample kernels); set by main()
-    clocks: list[_DeviceClock] = []  # one per worker (each worker has its own device)
-    pick_seconds = 0.0  # host time spent picking the simulated masked samples (not the engine's)
+        ResultProcessor.process = timed  # type: ignore[method-assign,assignment]
+        return self
 
-    def __init__(self, model: RWKV7, batch_size: int, state_dtype: str = "fp32", cuda_graphs: bool = True) -> None:
-        self.clock = _DeviceClock(*self.timing)
-        self.clocks.append(self.clock)
-        self.model = model
-        self.vocab_size = model.config.vocab_size
-        self.device = model.device
-        self._rng = random.Random(0)
-        self._np_rng = np.random.default_rng(0)
-        self._masks = np.zeros((batch_size, MASK_WORDS), dtype=np.int32)
-        self._masked_rows: dict[int, list[int]] = {}  # id(issued) -> the sample rows of its masked rows
-
-    def issue(self, plan: StepPlan) -> IssuedStep:
-        issued = IssuedStep(plan)
-        done = self.clock.run(plan)
-        ids = [self._rng.randrange(1, 65530) for _ in range(plan.sample_count)]
-        issued.host_ids = torch.tensor(ids, dtype=torch.int64)
-        masked = [row for row in plan.rows if row.samples and row.task.matcher is not None]
-        if masked:
-            issued.masked = MaskedRows(tasks=[row.task for row in masked], logits=None, inputs=None)  # type: ignore[arg-type]
-            self._masked_rows[id(issued)] = [row.sample_row for row in masked]
-        else:
-            issued.copied = _Done(done)  # type: ignore[assignment]
-        return issued
-
-    def mask_rows(self, count: int) -> np.ndarray:
-        return self._masks[:count]
-
-    def sample_masked(self, issued: IssuedStep, mask_index: list[int], mask_count: int) -> None:
-        """An allowed id per masked row: the lowest set bit of a random word, else of the first
-        nonzero word (structural positions allow few ids)."""
-        issued.masked = None
-        started = time.perf_counter()
-        sample_rows = self._masked_rows.pop(id(issued))
-        assert issued.host_ids is not None
-        words = self._masks[:mask_count].view(np.uint32)
-        if mask_count:
-            pick = self._np_rng.integers(0, MASK_WORDS, mask_count)
-            chosen = words[np.arange(mask_count), pick]
-            empty = chosen == 0
-            if empty.any():
-                first = np.argmax(words[empty] != 0, axis=1)
-                pick[empty], chosen[empty] = first, words[empty][np.arange(len(first)), first]
-            lowest = chosen & (~chosen + np.uint32(1))  # the word's lowest set bit
-            bits = np.log2(np.maximum(lowest, 1)).astype(np.int64)
-        ids = issued.host_ids.tolist()
-        for n, sample_row in enumerate(sample_rows):
-            k = mask_index[n]
-            ids[sample_row] = 32 * int(pick[k]) + int(bits[k]) if k >= 0 else self._rng.randrange(1, 65530)
-        issued.host_ids = torch.tensor(ids, dtype=torch.int64)
-        SimulatedDeviceStep.pick_seconds += time.perf_counter() - started
-        issued.copied = _Done(self.clock.run_after(self.masked_ms))  # type: ignore[assignment]
-
-    def reset_slots(self, slots: list[int]) -> None:
-        pass
-
-    def copy_slot(self, source: int, targets: list[int]) -> None:
-        pass
-
-    def forget_last_step(self, step: IssuedStep | None = None) -> None:
-        pass
-
-    def peak_memory_bytes(self) -> int:
-        return 0
+    def __exit__(self, *exc: object) -> None:
+        ResultProcessor.process = self._original  # type: ignore[method-assign]
 
 
-async def _run(backend: AlbatrossRWKV, args: argparse.Namespace, timings: list[RequestTiming]) -> tuple[int, float]:
+async def _load(backend: AlbatrossRWKV, args: argparse.Namespace, count: int, timings: list[RequestTiming]) -> tuple[int, float]:
     """Every request at once; with `--latency` each one's timing is recorded into `timings`."""
     rng = random.Random(args.seed)
     params = SamplingParams(max_tokens=args.max_tokens, temperature=1.0, top_p=0.6, top_k=50, stop=(), stop_token_ids=())
     constraint = OutputConstraint(json_schema_grammar(benchmark_schema()), "response_format json_schema")
-    constrained = int(round(args.constrained * args.requests))
+    constrained = int(round(args.constrained * count))
     requests = [
         GenerationRequest(
             [rng.randrange(1, 65530) for _ in range(rng.randint(args.prompt_min, args.prompt_max))],
             params,
-            constraint=constraint if n % args.requests < constrained else None,
+            constraint=constraint if n < constrained else None,
         )
-        for n in range(args.requests)
+        for n in range(count)
     ]
     generated = 0
 
@@ -206,86 +142,123 @@ async def _run(backend: AlbatrossRWKV, args: argparse.Namespace, timings: list[R
     return generated, time.perf_counter() - start
 
 
-def _cpu_seconds(thread: threading.Thread) -> float:
+def _thread_cpu(thread: threading.Thread) -> float:
     """CPU time a thread has used so far (Linux)."""
     assert thread.ident is not None
     return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
 
 
+def _process_cpu(pid: int) -> float:
+    """CPU time (user + system) a process has used so far (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_one(args: argparse.Namespace, mode: str, workers: int) -> RunResult:
+    device = SimulatedDevice(args.decode_ms, tuple(float(x) for x in args.mixed.split(",")), args.masked_ms)  # type: ignore[arg-type]
+    policy = {name: getattr(args, name) for name in ("itl_target_ms", "prefill_budget", "prefill_chunk") if getattr(args, name) is not None}
+    backend = AlbatrossRWKV("random:2x64", workers, args.batch, device="cpu", overlap=True, worker_mode=mode, device_step_factory=device, **policy)
+    timings: list[RequestTiming] = []
+    try:
+        engine_workers = backend.core.workers
+        threads = {t.name: t for t in threading.enumerate()}
+        worker_threads = [t for name, t in threads.items() if name.startswith("albatross-worker-") and not name.endswith("-link")]
+        link_threads = [t for name, t in threads.items() if name.endswith("-link")]
+        pids = [w.pid for w in engine_workers if isinstance(w, WorkerProcess) and w.pid is not None]
+        main = threading.main_thread()
+
+        def cpu() -> tuple[float, float, float, float]:
+            workers_cpu = sum(map(_thread_cpu, worker_threads)) + sum(map(_process_cpu, pids))
+            return workers_cpu, sum(map(_thread_cpu, link_threads)), _thread_cpu(main), time.process_time()
+
+        before = cpu()
+        with _ResultTimer() as results:
+            generated, wall = asyncio.run(_load(backend, args, args.requests * workers, timings))
+        after = cpu()
+        status = backend.status()
+        steps = int(status.get("steps", 0))  # type: ignore[call-overload]  # every worker's
+        reports = backend.core.device_reports()
+        fits = backend.core.prefill_budget_fits()
+    finally:
+        backend.shutdown()
+    per_step = [1000 * (b - a) / max(steps, 1) for a, b in zip(before, after)]
+    idle_by_kind = [r.get("idle_by_kind_s", {}) for r in reports]
+    return RunResult(
+        worker_mode=mode, workers=workers, requests=args.requests * workers, generated_tokens=generated, wall_s=wall,
+        tokens_per_s=generated / wall, speedup=1.0, steps=steps,
+        device_busy_s=sum(float(r.get("busy_s", 0.0)) for r in reports),  # type: ignore[arg-type]
+        device_idle_s=sum(float(r.get("idle_s", 0.0)) for r in reports),  # type: ignore[arg-type]
+        worker_cpu_ms_per_step=per_step[0], results_ms_per_step=1000 * results.seconds / max(steps, 1),
+        link_cpu_ms_per_step=per_step[1], caller_loop_ms_per_step=per_step[2], server_cpu_ms_per_step=per_step[3],
+        prefill_policy={name: status.get(name) for name in ("itl_target_ms", "prefill_budget", "prefill_chunk")}, prefill_budget_fit=fits,
+        ttft_ms=percentiles([t.ttft_s for t in timings if t.tokens]) if timings else {},
+        inter_token_ms=percentiles([g for t in timings for g in t.gaps_s]) if timings else {},
+        masked_samples=int(status.get("masked_samples_total", 0)),  # type: ignore[call-overload]
+        mask_fill_ms_per_step=float(status.get("mask_fill_ms_total", 0.0)) / max(steps, 1),  # type: ignore[arg-type]
+        masked_idle_s=sum(float(kinds.get("masked", 0.0)) for kinds in idle_by_kind),  # type: ignore[union-attr]
+        pick_ms_per_step=1000 * sum(float(r.get("pick_s", 0.0)) for r in reports) / max(steps, 1),  # type: ignore[arg-type]
+    )  # fmt: skip
+
+
+def print_table(results: list[RunResult], args: argparse.Namespace) -> None:
+    print(f"\nsimulated device: decode step {args.decode_ms} ms, mixed step {args.mixed} (ms, us/prompt token, us/decode row); "
+          f"{args.requests} requests per worker, batch {args.batch}, {args.max_tokens} tokens each; {os.cpu_count()} CPUs")  # fmt: skip
+    print(f"{'mode':>8}{'N':>3}{'tok/s':>10}{'x N=1':>7}{'wall s':>8}{'idle %':>8}"
+          f"{'worker ms':>11}{'results':>9}{'link':>7}{'loop':>7}{'server':>8}  (CPU ms per step of one worker)")  # fmt: skip
+    for r in results:
+        idle = 100 * r.device_idle_s / max(r.device_busy_s, 1e-9)
+        print(f"{r.worker_mode:>8}{r.workers:>3}{r.tokens_per_s:>10,.0f}{r.speedup:>7.2f}{r.wall_s:>8.2f}{idle:>8.1f}"
+              f"{r.worker_cpu_ms_per_step:>11.2f}{r.results_ms_per_step:>9.2f}{r.link_cpu_ms_per_step:>7.2f}"
+              f"{r.caller_loop_ms_per_step:>7.2f}{r.server_cpu_ms_per_step:>8.2f}")  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--workers", type=int, default=1, help="workers, each with its own simulated device")
-    parser.add_argument("--requests", type=int, default=960)
-    parser.add_argument("--batch", type=int, default=960)
+    parser.add_argument("--workers", default="1", help="comma-separated worker counts, each worker with its own simulated device")
+    parser.add_argument("--worker-mode", default="thread", help="comma-separated: thread, process")
+    parser.add_argument("--requests", type=int, default=960, help="per worker")
+    parser.add_argument("--batch", type=int, default=960, help="state slots per worker")
     parser.add_argument("--prompt-min", type=int, default=64)
     parser.add_argument("--prompt-max", type=int, default=512)
     parser.add_argument("--max-tokens", type=int, default=256)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--decode-ms", type=float, default=38.7, help="a decode-only step (H200, 7.2B, 960 rows)")
-    parser.add_argument("--constrained", type=float, default=0.0, help="fraction of the requests under structured_benchmark.py's 20-property schema")
-    parser.add_argument("--masked-ms", type=float, default=0.5, help="the masked rows' sampler call on the device")
-    parser.add_argument("--mixed", default="67,20.9,13.5",
+    parser.add_argument("--decode-ms", type=float, default=H200_DECODE_MS, help="a decode-only step (H200, 7.2B, 960 rows)")
+    parser.add_argument("--mixed", default=",".join(map(str, H200_MIXED)),
                         help="a step with prompt chunks: ms, us per prompt token, us per decode row (H200 fit; "
                              "18,26,40 is the fit of docs/performance.md's adaptive-budget section)")  # fmt: skip
     parser.add_argument("--latency", action="store_true", help="time each request: TTFT and inter-token percentiles")
     parser.add_argument("--itl-target-ms", type=float, help="the adaptive prefill budget's target, 0: off (default: the engine's)")
     parser.add_argument("--prefill-budget", type=int, help="default: the engine's")
     parser.add_argument("--prefill-chunk", type=int, help="default: the engine's")
+    parser.add_argument("--constrained", type=float, default=0.0, help="fraction of the requests under structured_benchmark.py's 20-property schema")
+    parser.add_argument("--masked-ms", type=float, default=0.5, help="the masked rows' sampler call on the device")
+    parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    policy = {
-        name: getattr(args, name) for name in ("itl_target_ms", "prefill_budget", "prefill_chunk") if getattr(args, name) is not None
-    }
 
-    SimulatedDeviceStep.timing = (args.decode_ms, tuple(float(x) for x in args.mixed.split(",")))  # type: ignore[assignment]
-    SimulatedDeviceStep.masked_ms = args.masked_ms
-    worker_module.DeviceStep = SimulatedDeviceStep  # type: ignore[misc,assignment]
-    if args.workers == 1:
-        shape, seed = parse_random_spec("2x64")
-        model = RWKV7.from_state_dict(random_state_dict(shape, seed=seed), torch.device("cpu"), torch.float32, progress=False)
-        backend = AlbatrossRWKV("random:2x64", 1, args.batch, model=model, overlap=True, **policy)
-    else:  # one simulated device per worker, all on one device clock's timing each
-        backend = AlbatrossRWKV("random:2x64", args.workers, args.batch, device="cpu", overlap=True, **policy)
-    workers = [t for t in threading.enumerate() if t.name.startswith("albatross-worker")]
-    main_thread = threading.main_thread()
-    threads = [*workers, main_thread]
-    cpu_before = [_cpu_seconds(t) for t in threads]
-    process_before = time.process_time()
-    timings: list[RequestTiming] = []
-    try:
-        generated, wall = asyncio.run(_run(backend, args, timings))
-        used = [_cpu_seconds(t) - b for t, b in zip(threads, cpu_before)]
-        process_cpu = time.process_time() - process_before
-        worker_cpu, main_cpu = sum(used[:-1]), used[-1]
-        status = backend.status()
-        steps = int(status.get("steps", 0))  # type: ignore[call-overload]  # all workers' steps
-        budgets = [worker._scheduler.budget.describe() for worker in backend.core.workers]  # the workers' own schedulers
-        masked = int(status.get("masked_samples_total", 0))  # type: ignore[call-overload]
-        fill_ms = float(status.get("mask_fill_ms_total", 0.0))  # type: ignore[arg-type]
-    finally:
-        backend.shutdown()
-    clock = _DeviceClock(*SimulatedDeviceStep.timing)  # the workers' clocks, summed
-    for one in SimulatedDeviceStep.clocks:
-        clock.busy += one.busy
-        clock.idle += one.idle
-        for kind, seconds in one.idle_by_kind.items():
-            clock.idle_by_kind[kind] = clock.idle_by_kind.get(kind, 0.0) + seconds
-    print(f"{args.requests} requests, {args.workers} worker(s) of batch {args.batch}: {generated} tokens in {wall:.2f} s ({generated / wall:,.0f} tok/s); "
-          f"simulated device busy {clock.busy:.2f} s, idle between steps {clock.idle:.2f} s "
-          f"(host overhead {100 * clock.idle / max(clock.busy, 1e-9):.1f}% of device time)")  # fmt: skip
-    print(f"CPU per step ({steps} steps): worker threads {1000 * worker_cpu / max(steps, 1):.2f} ms, "
-          f"caller loop {1000 * main_cpu / max(steps, 1):.2f} ms, process {1000 * process_cpu / max(steps, 1):.2f} ms; idle before decode-only steps "
-          f"{clock.idle_by_kind.get('decode', 0.0):.2f} s, before steps with prompt chunks {clock.idle_by_kind.get('mixed', 0.0):.2f} s")  # fmt: skip
-    print(f"prefill policy: itl_target_ms={status.get('itl_target_ms')} prefill_budget={status.get('prefill_budget')} "
-          f"prefill_chunk={status.get('prefill_chunk')}; fit per worker: {budgets}")  # fmt: skip
-    if timings:
-        ttft = percentiles([t.ttft_s for t in timings if t.tokens])
-        itl = percentiles([g for t in timings for g in t.gaps_s])
-        print(f"latency (simulated device, CPU host): TTFT p50 {ttft['p50']:.0f} / p90 {ttft['p90']:.0f} / p99 {ttft['p99']:.0f} ms; "
-              f"inter-token p50 {itl['p50']:.1f} / p90 {itl['p90']:.1f} / p99 {itl['p99']:.1f} ms")  # fmt: skip
-    if args.constrained:
-        print(f"masked samples {masked} ({masked / max(steps, 1):.0f} a step): mask fill {fill_ms / max(steps, 1):.2f} ms a step "
-              f"({1000 * fill_ms / max(masked, 1):.1f} us a mask); idle before masked sampler calls {clock.idle_by_kind.get('masked', 0.0):.2f} s; "
-              f"the simulation's own picking of masked ids {1000 * SimulatedDeviceStep.pick_seconds / max(steps, 1):.2f} ms a step (worker CPU above includes it)")  # fmt: skip
+    results: list[RunResult] = []
+    for mode in args.worker_mode.split(","):
+        single: float | None = None
+        for workers in (int(n) for n in args.workers.split(",")):
+            result = run_one(args, mode, workers)
+            single = result.tokens_per_s if workers == 1 else single
+            result.speedup = result.tokens_per_s / single if single else float("nan")
+            results.append(result)
+            print(f"{mode} x{workers}: {result.generated_tokens} tokens in {result.wall_s:.2f} s ({result.tokens_per_s:,.0f} tok/s)", flush=True)
+            print(f"  prefill policy: {result.prefill_policy}; fit per worker: {result.prefill_budget_fit}")
+            if result.ttft_ms:
+                ttft, itl = result.ttft_ms, result.inter_token_ms
+                print(f"  latency (simulated device, CPU host): TTFT p50 {ttft['p50']:.0f} / p90 {ttft['p90']:.0f} / p99 {ttft['p99']:.0f} ms; "
+                      f"inter-token p50 {itl['p50']:.1f} / p90 {itl['p90']:.1f} / p99 {itl['p99']:.1f} ms", flush=True)  # fmt: skip
+            if args.constrained:
+                m = result
+                print(f"  masked samples {m.masked_samples} ({m.masked_samples / max(m.steps, 1):.0f} a step): mask fill {m.mask_fill_ms_per_step:.2f} ms "
+                      f"a step; idle before masked sampler calls {m.masked_idle_s:.2f} s; the simulation's own picking of masked ids "
+                      f"{m.pick_ms_per_step:.2f} ms a step (worker CPU includes it)", flush=True)  # fmt: skip
+    print_table(results, args)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"args": vars(args) | {"json": str(args.json)}, "runs": [asdict(r) for r in results]}, indent=2))
+        print(f"wrote {args.json}")
 
 
 if __name__ == "__main__":

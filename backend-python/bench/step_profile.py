@@ -19,7 +19,21 @@ from dataclasses import dataclass
 
 import torch
 
+from albatross.model import RWKV7
+from albatross_engine.device_step import DeviceStep
 from albatross_engine.scheduler import RowKind
+
+
+@dataclass(frozen=True, slots=True)
+class ProfiledDevice:
+    """A `device_step_factory` (AlbatrossRWKV): the real DeviceStep with a StepProfiler attached and
+    its `report()` exposed, so `EngineCore.device_reports()` reads it from worker threads and worker
+    processes alike."""
+
+    def __call__(self, model: RWKV7, batch_size: int, state_dtype: str = "fp32", cuda_graphs: bool = True) -> DeviceStep:
+        step = DeviceStep(model, batch_size, state_dtype, cuda_graphs)
+        step.report = StepProfiler(step).report  # type: ignore[attr-defined]
+        return step
 
 
 @dataclass(slots=True)
@@ -51,7 +65,7 @@ class StepProfiler:
         device_step.issue = issue  # type: ignore[attr-defined]
 
     def report(self) -> dict[str, object]:
-        """Prints the table and returns its figures (for the benchmark's JSON)."""
+        """The figures (for the benchmark's JSON); `print_report` prints them."""
         torch.cuda.synchronize()
         steps = self._steps
         if not steps:
@@ -67,25 +81,19 @@ class StepProfiler:
                 size = 1 << max(0, (s.decode_rows - 1).bit_length())  # decode rows rounded up to a power of two
                 key = f"decode <= {size}"
             groups.setdefault(key, []).append(n)
-        print(f"\nstep profile: {len(steps)} steps, {total / 1000:.2f} s from the first step's start to the last's end; "
-              f"GPU idle between steps {sum(gaps) / 1000:.2f} s")  # fmt: skip
-        print(f"{'kind':>14}{'steps':>7}{'GPU s':>8}{'ms/step':>9}{'gap ms':>8}{'host ms':>9}{'decode rows':>13}{'prefill tok':>13}{'chunk':>7}")
         table = {}
         for key in sorted(groups, key=lambda k: (k == "mixed", int(k.split()[-1]) if k != "mixed" else 0)):
             idx = groups[key]
             n = len(idx)
             span = sum(spans[i] for i in idx)
             gap = sum(gaps[i] for i in idx if i < len(gaps))
-            row = {
+            table[key] = {
                 "steps": n, "gpu_s": span / 1000, "ms_per_step": span / n, "gap_ms": gap / n,
                 "host_ms": sum(steps[i].host_ms for i in idx) / n,
                 "decode_rows": sum(steps[i].decode_rows for i in idx) / n,
                 "prefill_tokens": sum(steps[i].prefill_tokens for i in idx) / n,
                 "longest_chunk": sum(steps[i].longest_chunk for i in idx) / n,
             }  # fmt: skip
-            table[key] = row
-            print(f"{key:>14}{n:>7}{row['gpu_s']:>8.2f}{row['ms_per_step']:>9.1f}{row['gap_ms']:>8.2f}{row['host_ms']:>9.1f}"
-                  f"{row['decode_rows']:>13.0f}{row['prefill_tokens']:>13.0f}{row['longest_chunk']:>7.0f}")  # fmt: skip
         mixed = groups.get("mixed", [])
         fit = None
         if len(mixed) >= 4:
@@ -93,5 +101,19 @@ class StepProfiler:
             target = torch.tensor([spans[i] for i in mixed], dtype=torch.float64).unsqueeze(1)
             coef = torch.linalg.lstsq(design, target).solution.squeeze(1).tolist()
             fit = {"ms": coef[0], "us_per_prefill_token": 1000 * coef[1], "us_per_decode_row": 1000 * coef[2]}
-            print(f"mixed steps: ms = {coef[0]:.2f} + {1000 * coef[1]:.2f} us * prefill_tokens + {1000 * coef[2]:.2f} us * decode_rows")
-        return {"total_s": total / 1000, "idle_between_steps_s": sum(gaps) / 1000, "groups": table, "mixed_fit": fit}
+        return {"steps": len(steps), "total_s": total / 1000, "idle_between_steps_s": sum(gaps) / 1000, "groups": table, "mixed_fit": fit}
+
+
+def print_report(report: dict[str, object], label: str = "") -> None:
+    """The table of one device's `StepProfiler.report()`."""
+    if not report:
+        return
+    print(f"\nstep profile{label}: {report['steps']} steps, {report['total_s']:.2f} s from the first step's start to the last's end; "
+          f"GPU idle between steps {report['idle_between_steps_s']:.2f} s")  # fmt: skip
+    print(f"{'kind':>14}{'steps':>7}{'GPU s':>8}{'ms/step':>9}{'gap ms':>8}{'host ms':>9}{'decode rows':>13}{'prefill tok':>13}{'chunk':>7}")
+    for key, row in report["groups"].items():  # type: ignore[attr-defined]
+        print(f"{key:>14}{row['steps']:>7}{row['gpu_s']:>8.2f}{row['ms_per_step']:>9.1f}{row['gap_ms']:>8.2f}{row['host_ms']:>9.1f}"
+              f"{row['decode_rows']:>13.0f}{row['prefill_tokens']:>13.0f}{row['longest_chunk']:>7.0f}")  # fmt: skip
+    fit = report.get("mixed_fit")
+    if isinstance(fit, dict):
+        print(f"mixed steps: ms = {fit['ms']:.2f} + {fit['us_per_prefill_token']:.2f} us * prefill_tokens + {fit['us_per_decode_row']:.2f} us * decode_rows")

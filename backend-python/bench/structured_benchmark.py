@@ -184,6 +184,7 @@ def main(argv: list[str] | None = None) -> None:
     # included) at the engine's defaults
     args.model, args.workers, args.overlap, args.state_dtype = None, 1, None, None
     args.prefill_chunk = args.prefill_budget = args.itl_target_ms = None
+    args.worker_mode, args.step_profile = "thread", False  # the engine in this process, as the run times it
 
     backend = build_backend(args)
     device = str(backend.status()["device"])

@@ -8,6 +8,10 @@ from albatross_engine.adapter import AlbatrossRWKV
 from runner.interface import GenerationEvent, GenerationRequest
 
 
+# Engine tests that apply to both run with workers as threads and as processes (worker_mode).
+WORKER_MODES = ("thread", "process")
+
+
 def collect(backend: AlbatrossRWKV, requests: list[GenerationRequest]) -> list[list[GenerationEvent]]:
     """Every event of each request, all requests in flight at once."""
 

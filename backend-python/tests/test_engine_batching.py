@@ -14,15 +14,17 @@ import torch
 from albatross.model import RWKV7
 from albatross.sampler import PenaltyPool, SamplingBatch, sample, seed_to_seed32
 from albatross_engine.adapter import AlbatrossRWKV
-from engine_helpers import collect, token_ids
+from engine_helpers import WORKER_MODES, collect, token_ids
 from runner.interface import GenerationRequest, SamplingParams
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, frequency_penalty=0.5, presence_penalty=0.3, stop_token_ids=())
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_checkpoint: Path) -> Iterator[AlbatrossRWKV]:
-    backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=8, prefill_chunk=5, prefill_budget=24, device="cpu")
+@pytest.fixture(scope="module", params=WORKER_MODES)
+def engine(request: pytest.FixtureRequest, tiny_checkpoint: Path) -> Iterator[AlbatrossRWKV]:
+    backend = AlbatrossRWKV(
+        str(tiny_checkpoint), worker_num=1, batch_size=8, prefill_chunk=5, prefill_budget=24, device="cpu", worker_mode=request.param
+    )
     yield backend
     backend.shutdown()
 

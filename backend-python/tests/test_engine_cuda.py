@@ -14,8 +14,10 @@ from albatross.model import RWKV7
 from albatross.random_checkpoint import CheckpointShape, random_state_dict
 from albatross.sampler import PenaltyPool, SamplingBatch, sample, seed_to_seed32
 from albatross_engine.adapter import AlbatrossRWKV
+from albatross_engine.config import AlbatrossBackendConfig
+from albatross_engine.model_specs import model_loader
 from albatross.dtypes import DTYPES
-from engine_helpers import collect, token_ids
+from engine_helpers import WORKER_MODES, collect, token_ids
 from runner.interface import GenerationRequest, SamplingParams
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
@@ -24,6 +26,7 @@ pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available()
 # rounding, so batching (other matmul shapes) cannot flip a greedy choice.
 SHAPE = CheckpointShape(n_layer=4, n_embd=256)
 WEIGHT_SEED = 3
+SPEC = f"random:{SHAPE.n_layer}x{SHAPE.n_embd}:{WEIGHT_SEED}"  # the same weights, built by a worker process's own loader
 
 
 def build_model() -> RWKV7:
@@ -31,19 +34,31 @@ def build_model() -> RWKV7:
     return RWKV7.from_state_dict(random_state_dict(SHAPE, seed=WEIGHT_SEED, device="cuda"), "cuda", torch.float16, progress=False)
 
 
-@pytest.fixture(scope="module")
-def reference_model() -> RWKV7:
-    return build_model()
-
-
-@pytest.fixture(scope="module", params=[(False, "fp32"), (True, None)], ids=["eager fp32 state", "overlap+graphs default state"])
+@pytest.fixture(
+    scope="module",
+    params=[(False, "fp32", "thread"), (True, None, "thread"), (True, None, "process")],
+    ids=["eager fp32 state", "overlap+graphs default state", "worker process, overlap+graphs default state"],
+)
 def engine(request: pytest.FixtureRequest) -> Iterator[AlbatrossRWKV]:
-    fast, state_dtype = request.param
-    backend = AlbatrossRWKV(
-        "gpu-test", batch_size=16, model=build_model(), device="cuda", overlap=fast, cuda_graphs=fast, state_dtype=state_dtype
-    )
+    fast, state_dtype, mode = request.param
+    if mode == "process":  # a worker process builds its own model: the same random weights, from the spec
+        backend = AlbatrossRWKV(SPEC, batch_size=16, device="cuda", dtype="fp16", overlap=fast, cuda_graphs=fast,
+                                state_dtype=state_dtype, worker_mode="process")  # fmt: skip
+    else:
+        backend = AlbatrossRWKV(
+            "gpu-test", batch_size=16, model=build_model(), device="cuda", overlap=fast, cuda_graphs=fast, state_dtype=state_dtype
+        )
     yield backend
     backend.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference_model(engine: AlbatrossRWKV) -> RWKV7:
+    """The model the engine serves, built in this process the way its worker built it."""
+    if engine.worker_mode == "process":
+        cuda_ops.enable_cuda_kernels()
+        return model_loader(SPEC, engine.config)(torch.device("cuda:0"))
+    return build_model()
 
 
 def reference_tokens(model: RWKV7, prompt: list[int], params: SamplingParams, seed: int, state_dtype: str = "fp32") -> list[int]:
@@ -86,23 +101,25 @@ def test_seeded_sampling_on_the_gpu_does_not_depend_on_the_batch(engine: Albatro
     assert alone == crowded, f"seeded tokens differ alone {alone} and in a batch {crowded}"
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
-def test_two_workers_on_two_gpus_share_the_requests_and_match_the_model_core() -> None:
-    """`workers=2`: each GPU loads its own copy (random weights from the same seed), requests are
-    spread over both, and a greedy request gives the model core's tokens whichever GPU serves it."""
-    from albatross_engine.adapter import _model_loader
-
+@pytest.mark.parametrize("mode", WORKER_MODES)
+@pytest.mark.parametrize("workers", [2, 4, 8])
+def test_n_workers_on_n_gpus_share_the_requests_and_match_the_model_core(workers: int, mode: str) -> None:
+    """`workers=N`: each GPU loads its own copy (random weights from the same seed), requests are
+    spread over all of them, and a greedy request gives the model core's tokens whichever GPU
+    serves it, in worker threads and in worker processes."""
+    if torch.cuda.device_count() < workers:
+        pytest.skip(f"needs {workers} GPUs, {torch.cuda.device_count()} visible")
     # fp32 weights and state: these loader-built weights have no checked greedy margins, and fp32
     # keeps batching's rounding far below them.
-    spec = f"random:{SHAPE.n_layer}x{SHAPE.n_embd}:{WEIGHT_SEED}"
-    reference_model = _model_loader(spec, "fp32")(torch.device("cuda:0"))  # the workers' own loader
-    backend = AlbatrossRWKV(spec, worker_num=2, batch_size=8, device="cuda", dtype="fp32", state_dtype="fp32")
+    config = AlbatrossBackendConfig(dtype="fp32", state_dtype="fp32")
+    reference_model = model_loader(SPEC, config)(torch.device("cuda:0"))  # the workers' own loader
+    backend = AlbatrossRWKV(SPEC, worker_num=workers, batch_size=8, device="cuda", dtype="fp32", state_dtype="fp32", worker_mode=mode)
     try:
-        assert [str(w.device) for w in backend.core.workers] == ["cuda:0", "cuda:1"]
+        assert [str(w.device) for w in backend.core.workers] == [f"cuda:{i}" for i in range(workers)]
         greedy = SamplingParams(max_tokens=12, temperature=0.0, frequency_penalty=0.0, stop_token_ids=())
         prompt = torch.randint(0, 65536, (24,), generator=torch.Generator().manual_seed(7)).tolist()
         expected = reference_tokens(reference_model, prompt, greedy, seed=0, state_dtype="fp32")
-        results = collect(backend, [GenerationRequest(prompt, greedy) for _ in range(16)])
+        results = collect(backend, [GenerationRequest(prompt, greedy) for _ in range(8 * workers)])
         assert all(token_ids(events) == expected for events in results), "a worker's greedy output differs"
         steps = [worker.metrics.snapshot().steps for worker in backend.core.workers]
         assert all(count > 0 for count in steps), f"a worker got no requests: steps {steps}"

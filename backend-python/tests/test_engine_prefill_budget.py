@@ -11,7 +11,7 @@ import pytest
 
 from albatross_engine.adapter import AlbatrossRWKV
 from albatross_engine.scheduler import Scheduler, StepPlan
-from engine_helpers import collect, token_ids
+from engine_helpers import WORKER_MODES, collect, token_ids
 from runner.interface import GenerationRequest, SamplingParams
 
 
@@ -52,3 +52,21 @@ def test_steps_times_reach_the_scheduler(tiny_checkpoint: Path, monkeypatch: pyt
     assert mixed, "the long prompts were fed next to the decoding stream"
     assert budget.model.steps == (len(mixed) if target_ms else 0)
     assert backend.status()["itl_target_ms"] == target_ms
+
+
+@pytest.mark.parametrize("worker_mode", WORKER_MODES)
+@pytest.mark.parametrize("target_ms", [500.0, 0.0], ids=["adaptive", "off"])
+def test_each_workers_budget_fit_is_read_through_the_core(tiny_checkpoint: Path, worker_mode: str, target_ms: float) -> None:
+    """The fit lives in the worker's own scheduler, in a worker process too: the core asks for it."""
+    backend = AlbatrossRWKV(str(tiny_checkpoint), 1, 4, device="cpu", prefill_chunk=4, prefill_budget=8, overlap=False,
+                            itl_target_ms=target_ms, worker_mode=worker_mode)  # fmt: skip
+    try:
+        results = collect(backend, _requests())
+        fits = backend.core.prefill_budget_fits()
+    finally:
+        backend.shutdown()
+    assert [len(token_ids(events)) for events in results] == [24, 2, 2, 2]
+    assert len(fits) == 1
+    assert fits[0]["itl_target_ms"] == (target_ms or None)
+    fit_steps = fits[0]["fit_steps"]
+    assert isinstance(fit_steps, int) and (fit_steps > 0 if target_ms else fit_steps == 0)

@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 
 from albatross_engine.adapter import AlbatrossRWKV
-from engine_helpers import collect, token_ids
+from engine_helpers import WORKER_MODES, collect, token_ids
 from runner.interface import GenerationRequest, SamplingParams
 
 PROMPT = [(17 * i) % 65000 + 1 for i in range(40)]
 
 
-@pytest.fixture(scope="module")
-def engine(tiny_checkpoint: Path) -> Iterator[AlbatrossRWKV]:
-    backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=8, prefill_chunk=16, device="cpu")
+@pytest.fixture(scope="module", params=WORKER_MODES)
+def engine(request: pytest.FixtureRequest, tiny_checkpoint: Path) -> Iterator[AlbatrossRWKV]:
+    backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=8, prefill_chunk=16, device="cpu", worker_mode=request.param)
     yield backend
     backend.shutdown()
 

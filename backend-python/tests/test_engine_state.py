@@ -14,6 +14,7 @@ import torch
 from albatross.model import RWKV7
 from albatross_engine.adapter import AlbatrossRWKV
 from albatross_engine.state_store import DictStateStore, prefix_key
+from engine_helpers import WORKER_MODES
 from runner.interface import BackendError, GenerationEvent, GenerationRequest, SamplingParams, StateRef
 
 
@@ -21,10 +22,13 @@ def greedy(max_tokens: int, stop: tuple[str, ...] = ()) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, stop=stop, stop_token_ids=())
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["plain", "overlap"])
+@pytest.fixture(scope="module", params=[(overlap, mode) for mode in WORKER_MODES for overlap in (False, True)],
+                ids=lambda p: f"{'overlap' if p[0] else 'plain'}-{p[1]}")  # fmt: skip
 def engine(request: pytest.FixtureRequest, tiny_checkpoint: Path) -> Iterator[AlbatrossRWKV]:
+    """With worker processes the store stays in this process: every state crosses the pipe."""
+    overlap, mode = request.param
     backend = AlbatrossRWKV(
-        str(tiny_checkpoint), worker_num=1, batch_size=4, state_store=DictStateStore(), overlap=request.param, device="cpu"
+        str(tiny_checkpoint), worker_num=1, batch_size=4, state_store=DictStateStore(), overlap=overlap, device="cpu", worker_mode=mode
     )
     yield backend
     backend.shutdown()

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from types import SimpleNamespace
 
 import pytest
 
@@ -84,7 +85,8 @@ def test_async_generate_merges_queued_events_and_raises_a_queued_error_after_the
     backend = AlbatrossRWKV.__new__(AlbatrossRWKV)
     core = Core()
     backend._core = core  # type: ignore[assignment]
-    backend._task = lambda request, channel, grammar: channel  # type: ignore[method-assign]
+    # A stand-in task: the channel and the prompt length (which plain deltas from a worker process take)
+    backend._task = lambda request, channel, grammar: SimpleNamespace(channel=channel, prompt_len=0)  # type: ignore[method-assign]
 
     async def no_grammar(request: object) -> None:
         return None
@@ -95,7 +97,7 @@ def test_async_generate_merges_queued_events_and_raises_a_queued_error_after_the
         stream = backend.async_generate(None)  # type: ignore[arg-type]
         first = asyncio.ensure_future(stream.__anext__())
         await asyncio.sleep(0)
-        channel: AsyncChannel = core.task  # type: ignore[assignment]
+        channel: AsyncChannel = core.task.channel
         for text in "abc":
             channel.put(GenerationEvent(text=text, token_ids=[ord(text)]))
         channel.put(BackendError(500, "boom"))

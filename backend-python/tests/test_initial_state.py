@@ -83,11 +83,15 @@ def _state() -> object:
     return SlotState(torch.zeros(2, 128), torch.zeros(2, 128), torch.zeros(2, 2, 64, 64))
 
 
-def test_a_state_session_made_with_a_state_file_is_not_continued_without_it(tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize("strategy", ["albatross workers=1 batch=4", "albatross workers=2 batch=4 device=cpu worker_mode=process"],
+                         ids=["one worker thread", "two worker processes"])  # fmt: skip
+def test_a_state_session_made_with_a_state_file_is_not_continued_without_it(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, strategy: str
+) -> None:
     generator = torch.Generator().manual_seed(3)
     torch.save({f"blocks.{i}.att.time_state": torch.randn(2, 64, 64, generator=generator) for i in range(2)}, tmp_path / "tuned.pth")
     monkeypatch.chdir(tmp_path)
-    settings = settings_with(model_path=str(tiny_checkpoint), strategy="albatross workers=1 batch=4", state_cache_path=tmp_path / "states.sqlite3")
+    settings = settings_with(model_path=str(tiny_checkpoint), strategy=strategy, state_cache_path=tmp_path / "states.sqlite3")
     turn = {"session_id": "s", "contents": ["User: hi\n\nAssistant:"], "max_tokens": 6, "temperature": 0, "stop_tokens": []}
     with TestClient(create_app(settings)) as client:
         fresh = client.post("/state/chat/completions", json={**turn, "session_id": "zero"}).json()["choices"][0]["message"]["content"]

@@ -132,7 +132,7 @@ def test_weights_already_on_the_device_are_not_counted_twice() -> None:
 def test_the_engine_refuses_a_model_that_cannot_fit_before_reading_a_weight(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(worker_module, "_free_bytes", lambda device: int(11.6e9))
     built: list[object] = []
-    monkeypatch.setattr("albatross_engine.adapter.random_state_dict", lambda *a, **k: built.append(a))
+    monkeypatch.setattr("albatross_engine.model_specs.random_state_dict", lambda *a, **k: built.append(a))
     with pytest.raises(RuntimeError) as refused:
         AlbatrossRWKV("random:7.2b", worker_num=1, batch_size=32, device="cpu", dtype="fp16")
     message = str(refused.value)

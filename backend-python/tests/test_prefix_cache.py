@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from albatross_engine.adapter import AlbatrossRWKV
+from albatross_engine.adapter import AlbatrossRWKV, create_backend
 from albatross_engine.state_cache import StateCache
 from runner.interface import GenerationRequest, SamplingParams, StateRef
 from runner_fakes import install_backend, make_app, settings_with
@@ -19,9 +19,14 @@ from runner_fakes import install_backend, make_app, settings_with
 GREEDY = SamplingParams(max_tokens=6, temperature=0.0, stop=())
 
 
-@pytest.fixture
-def engine(tiny_checkpoint: Path, tmp_path: Path) -> Iterator[AlbatrossRWKV]:
-    backend = AlbatrossRWKV(str(tiny_checkpoint), 1, 4, device="cpu", state_store_factory=lambda fingerprint, device: StateCache(tmp_path / "states.sqlite3", fingerprint, device=device))
+@pytest.fixture(params=["thread", "process"], ids=["one worker thread", "two worker processes"])
+def engine(request: pytest.FixtureRequest, tiny_checkpoint: Path, tmp_path: Path) -> Iterator[AlbatrossRWKV]:
+    if request.param == "thread":
+        backend = AlbatrossRWKV(str(tiny_checkpoint), 1, 4, device="cpu", state_store_factory=lambda fingerprint, device: StateCache(tmp_path / "states.sqlite3", fingerprint, device=device))
+    else:  # as create_backend builds it: sessions in this process's store, a prefix cache in each worker process
+        backend = create_backend(str(tiny_checkpoint), "albatross workers=2 batch=4 device=cpu worker_mode=process",
+                                 settings_with(state_cache_path=tmp_path / "states.sqlite3"))  # fmt: skip
+        assert len(backend.status()["worker_prefix_caches"]) == 2, "each worker process keeps its own prefix cache"
     yield backend
     backend.shutdown()
 
