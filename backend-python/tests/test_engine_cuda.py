@@ -57,7 +57,7 @@ def reference_model(engine: AlbatrossRWKV) -> RWKV7:
     """The model the engine serves, built in this process the way its worker built it."""
     if engine.worker_mode == "process":
         cuda_ops.enable_cuda_kernels()
-        return model_loader(SPEC, engine.config)(torch.device("cuda:0"))
+        return model_loader(SPEC, engine.config).build(torch.device("cuda:0"))
     return build_model()
 
 
@@ -112,7 +112,7 @@ def test_n_workers_on_n_gpus_share_the_requests_and_match_the_model_core(workers
     # fp32 weights and state: these loader-built weights have no checked greedy margins, and fp32
     # keeps batching's rounding far below them.
     config = AlbatrossBackendConfig(dtype="fp32", state_dtype="fp32")
-    reference_model = model_loader(SPEC, config)(torch.device("cuda:0"))  # the workers' own loader
+    reference_model = model_loader(SPEC, config).build(torch.device("cuda:0"))  # the workers' own loader
     backend = AlbatrossRWKV(SPEC, worker_num=workers, batch_size=8, device="cuda", dtype="fp32", state_dtype="fp32", worker_mode=mode)
     try:
         assert [str(w.device) for w in backend.core.workers] == [f"cuda:{i}" for i in range(workers)]

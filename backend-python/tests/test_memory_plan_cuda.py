@@ -27,7 +27,9 @@ GIB = 1 << 30
 
 @pytest.fixture()
 def capped(request: pytest.FixtureRequest) -> Iterator[int]:
-    """Cap this process to `request.param` GiB of the GPU, from an empty allocator."""
+    """Cap this process to `request.param` GiB of the GPU, from an empty allocator. The cap holds in
+    this process only, so the engines below run their worker in a thread (`worker_mode="thread"`);
+    a worker process plans against what its own CUDA context sees, the whole card here."""
     gc.collect()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
@@ -52,7 +54,7 @@ def _run_requests(engine: AlbatrossRWKV, count: int, prompt: int, tokens: int) -
 
 @pytest.mark.parametrize("capped", [12], indirect=True)
 def test_7b_int8_at_batch_128_runs_to_completion_in_12_gb(capped: int) -> None:
-    engine = AlbatrossRWKV("random:7.2b", worker_num=1, batch_size=128, device="cuda", weights="int8")
+    engine = AlbatrossRWKV("random:7.2b", worker_num=1, batch_size=128, device="cuda", weights="int8", worker_mode="thread")
     try:
         (plan,) = engine.status()["memory_plan"]  # type: ignore[misc]
         assert plan["batch_size"] == 128, plan
@@ -67,7 +69,7 @@ def test_7b_int8_at_batch_128_runs_to_completion_in_12_gb(capped: int) -> None:
 @pytest.mark.parametrize("capped", [12], indirect=True)
 def test_7b_fp16_in_12_gb_is_refused_with_what_would_fit(capped: int) -> None:
     with pytest.raises(RuntimeError) as refused:
-        AlbatrossRWKV("random:7.2b", worker_num=1, batch_size=32, device="cuda")
+        AlbatrossRWKV("random:7.2b", worker_num=1, batch_size=32, device="cuda", worker_mode="thread")
     message = str(refused.value)
     assert "MemoryPlanError: 7.2B fp16 needs 14.4 GB of weights; this GPU has" in message, message
     assert "use weights=int8 (7.7 GB) with batch up to" in message, message
@@ -76,7 +78,7 @@ def test_7b_fp16_in_12_gb_is_refused_with_what_would_fit(capped: int) -> None:
 
 @pytest.mark.parametrize("capped", [8], indirect=True)
 def test_1_5b_fp16_runs_in_8_gb(capped: int) -> None:
-    engine = AlbatrossRWKV("random:1.5b", worker_num=1, batch_size=32, device="cuda")
+    engine = AlbatrossRWKV("random:1.5b", worker_num=1, batch_size=32, device="cuda", worker_mode="thread")
     try:
         assert _run_requests(engine, 40, prompt=300, tokens=8) == ["length"] * 40
         assert torch.cuda.max_memory_reserved() <= capped
@@ -98,7 +100,8 @@ def test_the_plan_covers_what_the_engine_reserves(weights: str, checkpoint_0_4b:
     torch.cuda.empty_cache()
     before = torch.cuda.memory_reserved()
     torch.cuda.reset_peak_memory_stats()
-    engine = AlbatrossRWKV(str(checkpoint_0_4b), worker_num=1, batch_size=64, device="cuda", weights=weights, prefill_budget=8192, prefill_chunk=1024)
+    engine = AlbatrossRWKV(str(checkpoint_0_4b), worker_num=1, batch_size=64, device="cuda", weights=weights, prefill_budget=8192, prefill_chunk=1024,
+                           worker_mode="thread")  # fmt: skip  (this process's allocator is the one measured)
     try:
         (plan,) = engine.status()["memory_plan"]  # type: ignore[misc]
         assert _run_requests(engine, 64, prompt=1024, tokens=24) == ["length"] * 64

@@ -21,6 +21,14 @@ pytestmark = [
 
 DEV = "cuda"
 TOLERANCE = {torch.float32: 2e-5, torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # relative to the largest value
+# tf32x3 products (the default) round each operand to a tf32 pair: on the H200 their fp32 outputs
+# and states differed from the fp32 twin by up to 3.5e-4 and 5.3e-5 (session 4); the bar that
+# matters, the final-state error against float64, is the accuracy test below and holds for both.
+TF32X3_FP32_TOLERANCE = 1e-3
+
+
+def _tolerance(dtype: torch.dtype, precision: str) -> float:
+    return TF32X3_FP32_TOLERANCE if precision == "tf32x3" and dtype == torch.float32 else TOLERANCE[dtype]
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -30,7 +38,9 @@ def kernels() -> None:
     assert wkv_dispatch.chunked_kernel_available()
 
 
-def _run(lengths: list[int], heads: int, act: torch.dtype, state_dtype: torch.dtype, block: int, scale: float | None = None):
+def _run(
+    lengths: list[int], heads: int, act: torch.dtype, state_dtype: torch.dtype, block: int, scale: float | None = None, precision: str | None = None
+):
     from albatross.wkv_chunked_triton import wkv7_chunked_triton
 
     gen = torch.Generator(device=DEV).manual_seed(sum(lengths) * 31 + heads)
@@ -43,7 +53,8 @@ def _run(lengths: list[int], heads: int, act: torch.dtype, state_dtype: torch.dt
     kernel_state = state.clone()
     poison = torch.full((sum(lengths), heads * 64), float("nan"), dtype=act, device=DEV)
     del poison  # the output allocation reuses this block: an unwritten row stays NaN
-    kernel_y = wkv7_chunked_triton(kernel_state, slot_idx, cu, *inputs, lengths=lengths, block_values=block)
+    options = {} if precision is None else {"precision": precision}
+    kernel_y = wkv7_chunked_triton(kernel_state, slot_idx, cu, *inputs, lengths=lengths, block_values=block, **options)
     return state, slot_idx, cu, inputs, (twin_y, twin_state), (kernel_y, kernel_state)
 
 
@@ -69,11 +80,14 @@ CASES = [
     ids=["fp32", "fp16-act", "fp16-state", "bf16-state"],
 )
 @pytest.mark.parametrize("block", [16, 64])
-def test_chunked_kernel_matches_its_twin(lengths: list[int], heads: int, act: torch.dtype, state_dtype: torch.dtype, block: int) -> None:
-    state, slot_idx, _, _, (twin_y, twin_state), (y, kernel_state) = _run(lengths, heads, act, state_dtype, block)
+@pytest.mark.parametrize("precision", ["tf32x3", "ieee"])
+def test_chunked_kernel_matches_its_twin(
+    lengths: list[int], heads: int, act: torch.dtype, state_dtype: torch.dtype, block: int, precision: str
+) -> None:
+    state, slot_idx, _, _, (twin_y, twin_state), (y, kernel_state) = _run(lengths, heads, act, state_dtype, block, precision=precision)
     assert torch.isfinite(y).all(), "an output row was not written"
-    assert _max_rel(y, twin_y) <= TOLERANCE[act]
-    assert _max_rel(kernel_state, twin_state) <= TOLERANCE[state_dtype]
+    assert _max_rel(y, twin_y) <= _tolerance(act, precision)
+    assert _max_rel(kernel_state, twin_state) <= _tolerance(state_dtype, precision)
     others = [s for s in range(state.shape[0]) if s not in slot_idx.tolist()]
     assert torch.equal(kernel_state[others], state[others]), "slots outside the call changed"
 
