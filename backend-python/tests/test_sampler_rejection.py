@@ -281,6 +281,23 @@ def test_a_flat_row_with_top_p_0_or_tight_top_k_terminates_with_a_kept_id() -> N
     assert bool(kept_mask(probs, batch.top_k, batch.top_p)[torch.arange(64), ids].all())
 
 
+def test_rows_with_top_k_keep_the_exact_draw_and_the_others_take_the_rejection_draw() -> None:
+    """The per-row rule: a row with top_k draws exactly what the exact draw gives; a row without
+    it draws what rejection gives it in a batch of rows without top_k only."""
+    rows = 32
+    logits, pool, batch = _mixed_batch(rows, VOCAB, seed=12)
+    slots = torch.arange(rows)
+    chosen = sample(logits, slots, batch, pool, update_penalties=False, rejection=True)
+    exact = sample(logits, slots, batch, pool, update_penalties=False, rejection=False)
+    with_k = (batch.top_k > 0) & (batch.top_k < VOCAB)
+    assert with_k.any() and (~with_k).any()
+    assert torch.equal(chosen[with_k], exact[with_k])
+    free = (~with_k).nonzero().flatten()
+    alone = sample(logits[free], slots[free], _permuted(batch, free), pool, update_penalties=False, rejection=True)
+    assert torch.equal(chosen[free], alone)
+    assert not torch.equal(chosen[free], exact[free]), "the rows without top_k should take the rejection draw"
+
+
 def test_the_default_draw_is_the_module_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     rows = 16
     logits, pool, batch = _mixed_batch(rows, VOCAB, seed=10)

@@ -571,8 +571,11 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(const float* __restrict
   const int64_t top_k = params.top_k[row_index];
   const float top_p = params.top_p[row_index];
   const bool use_k = top_k > 0 && top_k < vocab;
+  // The rejection draw serves the rows without top_k (sampler.py, `_rejection_rows`): a row with
+  // top_k is decided faster by the candidate fast path (H200: 0.84 against 0.91 ms at 960 rows).
+  const bool reject_row = rejection && !use_k;
   // The fast path's candidate count: the top-k set, or (top_p alone) the 1024 largest.
-  const int k_c = temperature > 0.f && !rejection ? (use_k ? (top_k <= 1024 ? static_cast<int>(top_k) : 0) : (top_p < 1.f ? 1024 : 0)) : 0;
+  const int k_c = temperature > 0.f && !reject_row ? (use_k ? (top_k <= 1024 ? static_cast<int>(top_k) : 0) : (top_p < 1.f ? 1024 : 0)) : 0;
   if (k_c > 0) {
     for (int b = tid; b < BINS; b += THREADS) fast.hist[b] = 0;
     __syncthreads();
@@ -621,7 +624,7 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(const float* __restrict
 
     float threshold = 0.f;
     FastResult fast_result = FAST_NONE;
-    if (rejection && row.mx > -INFINITY) {
+    if (reject_row && row.mx > -INFINITY) {
       int64_t drawn = 0;
       if (rejection_sample(row, top_k, top_p, params.seed32[row_index], params.step[row_index], shared.rejection, &drawn)) {
         fast_result = FAST_TOKEN;  // decided: skip the exact path below
