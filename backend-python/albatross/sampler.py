@@ -332,10 +332,11 @@ def apply_allowed(logits: torch.Tensor, allowed: AllowedTokens) -> None:
     logits.masked_fill_(~bits, float("-inf"))
 
 
-# The rejection draw (docs/kernels.md "Rejection draw") for the rows without top_k: on by default
-# since the H200 measured it 7x faster for top_p alone; ALBATROSS_SAMPLER=exact turns it off for
-# every call that does not choose itself.
-REJECTION = os.environ.get("ALBATROSS_SAMPLER", "") != "exact"
+# The rejection draw (docs/kernels.md "Rejection draw") for the rows without top_k: 7x faster for
+# top_p alone on the H200, but off by default: its kernel chose ids apart from its twin on tied
+# logits there (test_sampler_kernel_matches_torch_twin[64-ties], docs/performance.md).
+# ALBATROSS_SAMPLER=rejection turns it on for every call that does not choose itself.
+REJECTION = os.environ.get("ALBATROSS_SAMPLER", "") == "rejection"
 REJECTION_ROUNDS = 32  # draws before a row takes the exact path
 WALK_THREADS = 1024  # the kernel's threads per row: the walk order below follows their ownership
 _BELOW_ONE = float(torch.nextafter(torch.tensor(1.0), torch.tensor(0.0)))  # largest fp32 under 1
