@@ -49,10 +49,15 @@ async function main() {
       }
     }
   } finally {
-    await chromium.close();
-    await open.stop();
-    await guarded.stop();
-    rmSync(modelsDir, { recursive: true, force: true });
+    // Each step on its own: one that throws must not leave the servers running (node would not exit).
+    for (const step of [() => chromium.close(), () => open.stop(), () => guarded.stop(), () => rmSync(modelsDir, { recursive: true, force: true })]) {
+      try {
+        await step();
+      } catch (error) {
+        failed += 1;
+        console.log(`✗ clean-up: ${String(error?.stack ?? error)}`);
+      }
+    }
   }
   if (failed > 0) {
     console.log("--- backend log (open server, last 4000 characters) ---");
