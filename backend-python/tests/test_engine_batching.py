@@ -9,12 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from albatross.model import RWKV7
-from albatross.sampler import PenaltyPool, SamplingBatch, sample, seed_to_seed32
 from albatross_engine.adapter import AlbatrossRWKV
-from engine_helpers import WORKER_MODES, collect, token_ids
+from engine_helpers import WORKER_MODES, collect, reference_tokens, token_ids
 from runner.interface import GenerationRequest, SamplingParams
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, frequency_penalty=0.5, presence_penalty=0.3, stop_token_ids=())
@@ -41,23 +39,6 @@ def reference_model(tiny_checkpoint: Path) -> RWKV7:
     return RWKV7.load(tiny_checkpoint, "cpu", progress=False)
 
 
-def reference_tokens(model: RWKV7, prompt: list[int], params: SamplingParams, seed: int = 0) -> list[int]:
-    """The model core and sampler driven one slot at a time, the whole prompt in one call."""
-    pool = model.new_pool(1)
-    penalties = PenaltyPool(1, model.config.vocab_size)
-    slot = torch.tensor([0])
-    out: list[int] = []
-    logits = model.forward(pool, [0], [prompt])
-    for step in range(params.max_tokens):
-        batch = SamplingBatch.from_params([params], [seed_to_seed32(seed)], [step])
-        token = int(sample(logits, slot, batch, penalties)[0])
-        out.append(token)
-        if token in params.stop_token_ids:
-            break
-        logits = model.forward(pool, [0], [[token]])
-    return out
-
-
 def random_request(rng: random.Random) -> GenerationRequest:
     params = SamplingParams(
         max_tokens=rng.randint(1, 6),
@@ -72,8 +53,6 @@ def random_request(rng: random.Random) -> GenerationRequest:
     )
     prompt = [rng.randrange(1, 65530) for _ in range(rng.randint(1, 14))]
     return GenerationRequest(prompt_tokens=prompt, sampling=params)
-
-
 
 
 def test_greedy_output_is_the_same_alone_in_a_batch_in_any_order_and_equals_the_model_core(

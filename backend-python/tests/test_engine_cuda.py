@@ -12,12 +12,10 @@ import torch
 from albatross import cuda_ops
 from albatross.model import RWKV7
 from albatross.random_checkpoint import CheckpointShape, random_state_dict
-from albatross.sampler import PenaltyPool, SamplingBatch, sample, seed_to_seed32
 from albatross_engine.adapter import AlbatrossRWKV
 from albatross_engine.config import AlbatrossBackendConfig
 from albatross_engine.model_specs import model_loader
-from albatross.dtypes import DTYPES
-from engine_helpers import WORKER_MODES, collect, token_ids
+from engine_helpers import WORKER_MODES, collect, reference_tokens, token_ids
 from runner.interface import GenerationRequest, SamplingParams
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
@@ -59,22 +57,6 @@ def reference_model(engine: AlbatrossRWKV) -> RWKV7:
         cuda_ops.enable_cuda_kernels()
         return model_loader(SPEC, engine.config).build(torch.device("cuda:0"))
     return build_model()
-
-
-def reference_tokens(model: RWKV7, prompt: list[int], params: SamplingParams, seed: int, state_dtype: str = "fp32") -> list[int]:
-    pool = model.new_pool(1, DTYPES[state_dtype])
-    penalties = PenaltyPool(1, model.config.vocab_size, model.device)
-    slot = torch.tensor([0], device=model.device)
-    logits = model.forward(pool, [0], [prompt])
-    out: list[int] = []
-    for step in range(params.max_tokens):
-        batch = SamplingBatch.from_params([params], [seed_to_seed32(seed)], [step], device=model.device)
-        token = int(sample(logits, slot, batch, penalties)[0])
-        out.append(token)
-        logits = model.forward(pool, [0], [[token]])
-    return out
-
-
 
 
 def test_greedy_request_in_a_crowded_gpu_batch_equals_the_model_core_alone(engine: AlbatrossRWKV, reference_model: RWKV7) -> None:

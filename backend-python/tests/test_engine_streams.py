@@ -9,12 +9,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import torch
 
 from albatross.model import RWKV7
-from albatross.sampler import PenaltyPool, SamplingBatch, sample, seed_to_seed32
 from albatross_engine.adapter import AlbatrossRWKV
-from engine_helpers import WORKER_MODES
+from engine_helpers import WORKER_MODES, reference_tokens
 from runner.interface import GenerationEvent, GenerationRequest, SamplingParams
 
 
@@ -27,16 +25,6 @@ def engine(request: pytest.FixtureRequest, tiny_checkpoint: Path) -> Iterator[Al
     backend = AlbatrossRWKV(str(tiny_checkpoint), worker_num=1, batch_size=8, device="cpu", worker_mode=request.param)
     yield backend
     backend.shutdown()
-
-
-def reference_tokens(model: RWKV7, prompt: list[int], params: SamplingParams) -> list[int]:
-    pool, penalties, slot = model.new_pool(1), PenaltyPool(1, model.config.vocab_size), torch.tensor([0])
-    logits, out = model.forward(pool, [0], [prompt]), []
-    for step in range(params.max_tokens):
-        batch = SamplingBatch.from_params([params], [seed_to_seed32(0)], [step])
-        out.append(int(sample(logits, slot, batch, penalties)[0]))
-        logits = model.forward(pool, [0], [[out[-1]]])
-    return out
 
 
 def wait_idle(backend: AlbatrossRWKV) -> None:

@@ -16,15 +16,13 @@ from dataclasses import fields
 from pathlib import Path
 
 import pytest
-import torch
 
 from albatross.model import RWKV7
-from albatross.sampler import PenaltyPool, SamplingBatch, sample, seed_to_seed32
 from albatross_engine import worker_process
 from albatross_engine.adapter import AlbatrossRWKV
 from albatross_engine.tasks import EngineTask
 from albatross_engine.worker_process import WorkerProcess
-from engine_helpers import collect
+from engine_helpers import collect, reference_tokens
 from runner.interface import BackendError, GenerationEvent, GenerationRequest, OutputConstraint, SamplingParams
 
 BACKEND_ROOT = Path(__file__).resolve().parents[1]
@@ -33,16 +31,6 @@ WAIT_S = 180.0  # a bound against hanging on a stuck machine, never a performanc
 
 def greedy(max_tokens: int) -> SamplingParams:
     return SamplingParams(max_tokens=max_tokens, temperature=0.0, stop_token_ids=())
-
-
-def reference_tokens(model: RWKV7, prompt: list[int], params: SamplingParams) -> list[int]:
-    pool, penalties, slot = model.new_pool(1), PenaltyPool(1, model.config.vocab_size), torch.tensor([0])
-    logits, out = model.forward(pool, [0], [prompt]), []
-    for step in range(params.max_tokens):
-        batch = SamplingBatch.from_params([params], [seed_to_seed32(0)], [step])
-        out.append(int(sample(logits, slot, batch, penalties)[0]))
-        logits = model.forward(pool, [0], [[out[-1]]])
-    return out
 
 
 def process_workers(backend: AlbatrossRWKV) -> list[WorkerProcess]:
