@@ -8,12 +8,8 @@ TRITON_INTERPRET must be set before the kernels are decorated).
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
-
-import numpy as np
-import triton.runtime.interpreter as interpreter
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -23,19 +19,7 @@ import torch
 from albatross.wkv_chunked import wkv7_chunked_torch
 from wkv_reference import flat_batch_args, wkv_inputs
 
-assert os.environ.get("TRITON_INTERPRET") == "1", "run with TRITON_INTERPRET=1"
-
-# Triton 3.6's interpreter turns loop bounds into ints with int() on a one-element array, which
-# NumPy 2 refuses; take the element instead (the kernels' scalar loads are such arrays here).
-_patch_lang_tensor = interpreter._patch_lang_tensor
-
-
-def _patch_with_scalar_index(tensor: object, scope: object) -> None:
-    _patch_lang_tensor(tensor, scope)
-    scope.set_attr(tensor, "__index__", lambda self: int(np.asarray(self.handle.data).reshape(-1)[0]))  # type: ignore[attr-defined]
-
-
-interpreter._patch_lang_tensor = _patch_with_scalar_index
+import triton_interpreter  # noqa: F401  (sets up the interpreter before the kernels are decorated)
 
 from albatross.wkv_chunked_triton import wkv7_chunked_triton
 
