@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from albatross.constraints import CompiledGrammar, ConstraintCompiler, ConstraintError
+from albatross.constraints import CompiledGrammar, ConstraintCompiler
 from albatross.model import RWKV7
 from albatross.tokenizer import Tokenizer, get_tokenizer
 from albatross_engine import gc_policy
@@ -41,6 +41,7 @@ from albatross_engine.worker import DeviceStepFactory, Worker
 from albatross_engine.worker_process import QUERY_TIMEOUT_S, WorkerProcess, visible_device_of
 from albatross_engine.worker_process_main import WorkerProcessSpec, with_l2_share
 from runner.interface import AbstractRWKV, BackendError, GenerationEvent, GenerationRequest
+from runner.request_grammar import compile_request_grammar
 
 if TYPE_CHECKING:
     from albatross.checkpoint import ModelConfig
@@ -241,12 +242,7 @@ class AlbatrossRWKV(AbstractRWKV):
     def _compile(self, request: GenerationRequest) -> CompiledGrammar | None:
         """The request's output grammar, compiled for this vocabulary (cached by its text); a
         grammar that cannot be enforced is a 400 before anything is queued."""
-        if request.constraint is None:
-            return None
-        try:
-            return self._grammars.compile(request.constraint.grammar)
-        except ConstraintError as error:
-            raise BackendError(400, f"{request.constraint.label}: {error}") from error
+        return compile_request_grammar(self._grammars, request.constraint)
 
     async def _compile_off_loop(self, request: GenerationRequest) -> CompiledGrammar | None:
         """`_compile` without holding up the caller's loop: a grammar not compiled yet (tens of

@@ -43,6 +43,7 @@ from runner.interface import (
     GenerationRequest,
     TokenLogprob,
 )
+from runner.request_grammar import compile_request_grammar
 from runner.state_file import InitialState
 
 log = logging.getLogger(__name__)
@@ -192,12 +193,7 @@ class ClassicRWKV(AbstractRWKV):
             raise BackendError(400, f"logit_bias token ids must lie in [0, {self.tokenizer_len}); got {bad[:5]}")
         if self._model is None:
             raise BackendError(503, "the model has been shut down")
-        if request.constraint is None:
-            return None
-        try:
-            return self._grammars.compile(request.constraint.grammar)
-        except ConstraintError as exc:
-            raise BackendError(400, f"{request.constraint.label}: {exc}") from exc
+        return compile_request_grammar(self._grammars, request.constraint)
 
     def _generate(self, request: GenerationRequest, abort: threading.Event, grammar: CompiledGrammar | None = None) -> Iterator[GenerationEvent]:
         with self._aborts_lock:
