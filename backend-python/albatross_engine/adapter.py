@@ -40,8 +40,7 @@ from albatross_engine.tasks import AsyncChannel, EngineTask, EventChannel, Event
 from albatross_engine.worker import DeviceStepFactory, Worker
 from albatross_engine.worker_process import QUERY_TIMEOUT_S, WorkerProcess, visible_device_of
 from albatross_engine.worker_process_main import WorkerProcessSpec, with_l2_share
-from runner.interface import AbstractRWKV, BackendError, GenerationEvent, GenerationRequest
-from runner.request_grammar import compile_request_grammar
+from runner.interface import AbstractRWKV, BackendError, GenerationEvent, GenerationRequest, compile_request_grammar
 
 if TYPE_CHECKING:
     from albatross.checkpoint import ModelConfig

@@ -42,8 +42,8 @@ from runner.interface import (
     GenerationEvent,
     GenerationRequest,
     TokenLogprob,
+    compile_request_grammar,
 )
-from runner.request_grammar import compile_request_grammar
 from runner.state_file import InitialState
 
 log = logging.getLogger(__name__)

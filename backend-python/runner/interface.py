@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal, Protocol
 
 if TYPE_CHECKING:
+    from albatross.constraints import CompiledGrammar, ConstraintCompiler
     from runner.state_file import InitialState
 
 FinishReason = Literal["stop", "length", "abort", "error"]
@@ -147,6 +148,20 @@ class BackendError(Exception):
         super().__init__(message)
         self.status_code = status_code
         self.message = message
+
+
+def compile_request_grammar(compiler: ConstraintCompiler, constraint: OutputConstraint | None) -> CompiledGrammar | None:
+    """A request's output grammar compiled for a backend's vocabulary, the same on both backends
+    (the compiler caches by text): one that cannot be enforced is a 400 naming what the client
+    asked for, before anything is queued."""
+    if constraint is None:
+        return None
+    from albatross.constraints import ConstraintError  # llguidance loads with the first grammar
+
+    try:
+        return compiler.compile(constraint.grammar)
+    except ConstraintError as error:
+        raise BackendError(400, f"{constraint.label}: {error}") from error
 
 
 class StateStore(Protocol):
