@@ -12,9 +12,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-out}
 mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then  # torchao, gemlite: measured when they install
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
+. backend-python/bench/carried_wheels.sh  # the wheels of .whl/, if carried
 PY=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 RWKV_V7_ON=1 PYTHONPATH="$PWD/backend-python${PYTHONPATH:+:$PYTHONPATH}"
 export ALBATROSS_KERNEL_CACHE=/tmp/albatross-build-cache

@@ -11,9 +11,7 @@ set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
-if ls .whl/*.whl >/dev/null 2>&1; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-fi
+. backend-python/bench/carried_wheels.sh  # the wheels of .whl/, if carried
 cd backend-python
 export PYTHONUNBUFFERED=1 RWKV_V7_ON=1 ALBATROSS_KERNEL_CACHE=${ALBATROSS_KERNEL_CACHE:-/tmp/albatross-build-cache}
 log="$OUT/log.txt"
