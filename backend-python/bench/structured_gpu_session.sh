@@ -19,7 +19,7 @@ log="$OUT/log.txt"
   date -u
   nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   python3 -c "import torch, sys, os; print('torch', torch.__version__, 'python', sys.version.split()[0], 'cpus', os.cpu_count())"
-  echo "== kernels (JIT-built for this GPU where the committed binary is stale or missing: sampler, gemv, int8 until the next build)"
+  echo "== kernels (the committed binaries; JIT-built for this GPU only where one is stale or missing)"
   timeout 300 python3 -c "
 import logging; logging.basicConfig(level=logging.INFO, format='%(name)s %(levelname)s %(message)s')
 from albatross import cuda_ops, ops
