@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from albatross import constraints
-from albatross.constraints import MASK_WORDS, ConstraintCompiler, ConstraintError, allowed_ids, json_schema_grammar
+from albatross.constraints import MASK_WORDS, ConstraintCompiler, ConstraintError, allowed_ids, json_schema_grammar, lexer_shards
 from albatross.tokenizer import get_tokenizer
 
 PERSON = {
@@ -35,7 +35,8 @@ UNDEFINED_IDS = range(65530, 65536)
 
 @pytest.fixture(scope="module")
 def compiler() -> ConstraintCompiler:
-    return ConstraintCompiler(get_tokenizer())
+    # Three lexer shards whatever this machine's CPU count, so the parallel calls below mix shards.
+    return ConstraintCompiler(get_tokenizer(), shards=3)
 
 
 def _row() -> np.ndarray:
@@ -135,6 +136,23 @@ def test_matchers_of_one_grammar_are_independent_and_reset_and_free_work(compile
     one.free()
     with pytest.raises(RuntimeError, match="freed"):
         one.fill_bitmask(_row())
+
+
+def test_matchers_take_the_shards_in_turn_and_each_shard_is_compiled_at_its_first_use(compiler: ConstraintCompiler) -> None:
+    grammar = compiler.compile(json_schema_grammar({"type": "array", "items": {"type": "integer"}, "maxItems": 4}))
+    assert grammar.shards_built() == 1
+    matchers = [grammar.matcher() for _ in range(7)]
+    assert [m.shard for m in matchers] == [0, 1, 2, 0, 1, 2, 0] and grammar.shards_built() == 3
+    tokenizer = get_tokenizer()
+    rows = np.zeros((len(matchers), MASK_WORDS), dtype=np.int32)
+    for n, matcher in enumerate(matchers):  # every shard enforces the same grammar
+        for token_id in tokenizer.encode(" [1, 2"[: 2 + n % 5]):
+            assert matcher.advance(token_id)
+        matcher.fill_bitmask(rows[n])
+    for n in range(len(matchers)):
+        same_text = [m for m in range(len(matchers)) if m % 5 == n % 5]
+        assert all(np.array_equal(rows[n], rows[m]) for m in same_text)
+    assert lexer_shards() >= 1 and constraints.ConstraintCompiler(get_tokenizer()).compile("start: \"a\"\n").shards_built() == 1
 
 
 def test_a_refused_token_fails_the_matcher_and_its_mask_raises(compiler: ConstraintCompiler) -> None:
