@@ -26,6 +26,7 @@ from albatross.state import StatePool
 _ATT_MIX = ("x_r", "x_k", "x_v", "x_w", "x_a", "x_g")  # r, k, v first: their mixes feed one bmm
 _VIEWS_OF_RKV = ("receptance", "key", "value")
 _EMB_NORM_ROWS = 8192  # rows of the embedding layer-normed at once (bounds the fp32 temporary)
+_TRANSPOSE_SLAB = 1 << 24  # elements of a large matrix moved to the device at once (32 MB in fp16)
 
 
 @dataclass(slots=True)
@@ -96,18 +97,29 @@ class _Converter:
         self.prequantized = prequantized or {}  # matrices of an int8 checkpoint, by official key
         self.bar = tqdm(total=len(source), desc="loading weights", unit="tensor", file=sys.stderr, disable=not progress)
 
-    def take(self, key: str) -> torch.Tensor:
+    def take(self, key: str, out: torch.Tensor | None = None) -> torch.Tensor:
+        """The converted tensor, written into `out` when given (a stack's row)."""
         tensor = self.source.pop(key)
         self.bar.update(1)
+        if key.endswith(LARGE_MATRICES):  # stored [out, in]; kept [in, out]
+            return _transposed_to(tensor, self.device, self.dtype, out)
         tensor = tensor.to(self.device)
-        if key.endswith(LARGE_MATRICES):  # stored [in, out]
-            tensor = tensor.t()
-        elif tensor.dim() != 2 or key.endswith("att.r_k"):
+        if tensor.dim() != 2 or key.endswith("att.r_k"):
             tensor = tensor.reshape(-1)  # (1, 1, C) mixing vectors and r_k [H, N] become [C]
-        return tensor.to(self.dtype, memory_format=torch.contiguous_format)
+        converted = tensor.to(self.dtype, memory_format=torch.contiguous_format)
+        if out is None:
+            return converted
+        out.copy_(converted)
+        return out
 
     def take_stacked(self, keys: Sequence[str]) -> torch.Tensor:
-        return torch.stack([self.take(key) for key in keys])
+        first = self.take(keys[0])
+        stacked = torch.empty((len(keys), *first.shape), dtype=first.dtype, device=first.device)
+        stacked[0] = first
+        del first
+        for n, key in enumerate(keys[1:], start=1):
+            self.take(key, stacked[n])
+        return stacked
 
     def take_matrix(self, key: str) -> linear.Weight:
         """A large matrix `[in, out]`, in the model dtype or quantized."""
@@ -115,7 +127,7 @@ class _Converter:
             return self._as_asked(self._prequantized(key))
         if self.weights == "fp16":
             return self.take(key)
-        return quantize(self._raw_matrix(key))
+        return quantize(self._raw_matrix(key), self.device)
 
     def take_matrices(self, keys: Sequence[str]) -> linear.Weight:
         if keys[0] in self.prequantized:
@@ -123,7 +135,8 @@ class _Converter:
             return self._as_asked(Int8Weight(torch.stack([p.q for p in parts]), torch.stack([p.scale for p in parts])))
         if self.weights == "fp16":
             return self.take_stacked(keys)
-        return quantize(torch.stack([self._raw_matrix(key) for key in keys]))
+        parts = [quantize(self._raw_matrix(key), self.device) for key in keys]
+        return Int8Weight(torch.stack([p.q for p in parts]), torch.stack([p.scale for p in parts]))
 
     def _prequantized(self, key: str) -> Int8Weight:
         self.source.pop(key)  # its shape-only placeholder
@@ -135,9 +148,10 @@ class _Converter:
         return weight if self.weights == "int8" else weight.dequantize(self.dtype)
 
     def _raw_matrix(self, key: str) -> torch.Tensor:
+        """A matrix `[in, out]` where the file keeps it (a transposed view): `quantize` moves it."""
         tensor = self.source.pop(key)
         self.bar.update(1)
-        return tensor.to(self.device).t()
+        return tensor.t()
 
     def take_optional(self, key: str) -> torch.Tensor | None:
         return self.take(key) if key in self.source else None
@@ -354,6 +368,19 @@ class RWKV7:
     ) -> torch.Tensor:
         xk = ops.shift_mix(x, shift_state, batch.slot_idx, batch.cu_seqlens, layer.ffn_mix)
         return linear.mm(ops.relu_square(linear.mm(xk, layer.ffn_key)), layer.ffn_value)
+
+
+def _transposed_to(matrix: torch.Tensor, device: torch.device, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
+    """`matrix.t()` contiguous on `device` in `dtype`, moved and transposed a slab of rows at a
+    time: a whole device copy at the file's layout beside the result would be a transient of the
+    matrix's size (the 7.2B head: 512 MB) that the memory plan does not hold."""
+    rows, columns = matrix.shape
+    if out is None:
+        out = torch.empty((columns, rows), dtype=dtype, device=device)
+    step = max(1, _TRANSPOSE_SLAB // max(1, columns))
+    for start in range(0, rows, step):
+        out[:, start : start + step] = matrix[start : start + step].to(device, dtype).t()
+    return out
 
 
 def _normed_embedding(convert: _Converter, config: ModelConfig, dtype: torch.dtype) -> torch.Tensor:

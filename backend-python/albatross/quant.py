@@ -82,17 +82,20 @@ class Int8Weight:
         return int8_dispatch.int8_mm(x, self)
 
 
-def quantize(weight: torch.Tensor) -> Int8Weight:
+def quantize(weight: torch.Tensor, device: torch.device | None = None) -> Int8Weight:
     """Per-output-channel symmetric int8 of `weight [..., K, N]` (any float dtype, any device),
-    computed in fp32 a slab of columns at a time so the temporaries stay small."""
+    computed in fp32 a slab of columns at a time so the temporaries stay small. `device` (default:
+    the weight's) holds the result and computes each slab, so a matrix still in host memory moves
+    to the GPU a slab at a time and never whole at the file's precision."""
     if weight.dim() not in (2, 3) or not weight.is_floating_point():
         raise ValueError(f"quantize takes a float [K, N] or [B, K, N] matrix, got {weight.dtype} {list(weight.shape)}")
+    target = weight.device if device is None else device
     K, N = weight.shape[-2], weight.shape[-1]
-    q = torch.empty(weight.shape, dtype=torch.int8, device=weight.device)
-    scale = torch.empty((*weight.shape[:-2], N), dtype=torch.float32, device=weight.device)
+    q = torch.empty(weight.shape, dtype=torch.int8, device=target)
+    scale = torch.empty((*weight.shape[:-2], N), dtype=torch.float32, device=target)
     columns = max(1, _QUANTIZE_SLAB // max(1, K * (weight.numel() // (K * N))))
     for start in range(0, N, columns):
-        part = weight[..., start : start + columns].float()
+        part = weight[..., start : start + columns].to(target, torch.float32)
         part_scale = part.abs().amax(dim=-2) / QMAX
         # An all-zero column keeps scale 0 and q 0; dividing by 1 there avoids 0/0.
         divisor = torch.where(part_scale > 0, part_scale, torch.ones_like(part_scale)).unsqueeze(-2)

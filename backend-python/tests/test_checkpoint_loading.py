@@ -90,6 +90,16 @@ def test_weights_are_preprocessed_like_the_reference(tiny_checkpoint: Path) -> N
     assert model.layers[0].v1 is None and model.layers[1].v1 is not None
 
 
+def test_large_matrices_move_and_transpose_a_slab_at_a_time_with_the_same_result(
+    tiny_checkpoint: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    whole = RWKV7.load(tiny_checkpoint, progress=False)
+    monkeypatch.setattr("albatross.model._TRANSPOSE_SLAB", 128 * 5)  # 5 rows of a 128-column matrix
+    slabs = RWKV7.load(tiny_checkpoint, progress=False)
+    assert torch.equal(whole.head, slabs.head) and torch.equal(whole.layers[1].rkv, slabs.layers[1].rkv)
+    assert torch.equal(whole.layers[1].ffn_value, slabs.layers[1].ffn_value) and slabs.head.is_contiguous()
+
+
 def test_from_state_dict_consumes_the_dict_and_matches_load(tiny_checkpoint: Path) -> None:
     state_dict = torch.load(tiny_checkpoint, map_location="cpu", weights_only=True)
     built = RWKV7.from_state_dict(state_dict, device="cpu", dtype=torch.float32, progress=False)

@@ -104,9 +104,11 @@ def test_the_plan_covers_what_the_engine_reserves(weights: str, checkpoint_0_4b:
                            worker_mode="thread")  # fmt: skip  (this process's allocator is the one measured)
     try:
         (plan,) = engine.status()["memory_plan"]  # type: ignore[misc]
+        loaded = torch.cuda.max_memory_reserved() - before
         assert _run_requests(engine, 64, prompt=1024, tokens=24) == ["length"] * 64
         used = torch.cuda.max_memory_reserved() - before
-        print(f"0.4B {weights}: planned {plan['planned_bytes'] / 1e9:.2f} GB, reserved at peak {used / 1e9:.2f} GB ({plan})")
+        print(f"0.4B {weights}: planned {plan['planned_bytes'] / 1e9:.2f} GB, reserved at peak {used / 1e9:.2f} GB "
+              f"(after loading {loaded / 1e9:.2f} GB, allocated at peak {torch.cuda.max_memory_allocated() / 1e9:.2f} GB; {plan})")
         assert used <= plan["planned_bytes"], f"reserved {used} > planned {plan['planned_bytes']}"
     finally:
         engine.shutdown()

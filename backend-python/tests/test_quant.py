@@ -54,6 +54,9 @@ def test_large_matrices_quantize_in_slabs_with_the_same_result(monkeypatch: pyte
     slabs = quantize(W)
     assert torch.equal(whole.q, slabs.q) and torch.equal(whole.scale, slabs.scale)
     assert whole[1].q.shape == (32, 100) and torch.equal(whole[1].q, quantize(W[1]).q)
+    half = W[0].half()
+    moved = quantize(half.t().contiguous().t(), torch.device("cpu"))  # a transposed view, as loading hands it
+    assert torch.equal(moved.q, quantize(half).q) and torch.equal(moved.scale, quantize(half).scale)
 
 
 def test_the_twin_is_the_product_with_the_dequantized_matrix() -> None:
