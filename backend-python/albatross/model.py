@@ -24,7 +24,8 @@ from albatross.quant import DEFAULT_WEIGHT_FORMAT, LARGE_MATRICES, Int8Weight, c
 from albatross.state import StatePool
 
 _ATT_MIX = ("x_r", "x_k", "x_v", "x_w", "x_a", "x_g")  # r, k, v first: their mixes feed one bmm
-_VIEWS_OF_RKV = ("receptance", "key", "value")
+# Fields that are views of a stack (counted once, through the stack).
+_VIEWS = ("receptance", "key", "value", "w1", "w2", "a1", "a2", "v1", "v2")
 _EMB_NORM_ROWS = 8192  # rows of the embedding layer-normed at once (bounds the fp32 temporary)
 _TRANSPOSE_SLAB = 1 << 24  # elements of a large matrix moved to the device at once (32 MB in fp16)
 
@@ -50,6 +51,12 @@ class LayerWeights:
     v2: torch.Tensor | None
     g1: torch.Tensor
     g2: torch.Tensor
+    # The value (blocks 1+), decay and in-context-rate LoRAs stacked in that order, each padded with
+    # zeros to the largest of their ranks, so their six small products are two bmm calls: at batch 1
+    # each small product cost ~4.5 us of launch-bound GPU time (H200 profile, docs/performance.md).
+    # v1/v2, w1/w2, a1/a2 above are views into these.
+    lora_down: torch.Tensor  # [n, C, R]
+    lora_up: torch.Tensor  # [n, R, C]
     k_k: torch.Tensor
     k_a: torch.Tensor
     r_k: torch.Tensor  # [C]: the [H, N] checkpoint tensor flattened
@@ -260,7 +267,7 @@ class RWKV7:
         total = sum(linear.weight_bytes(t) for t in (self.emb, self.ln_out_weight, self.ln_out_bias, self.head))
         for layer in self.layers:
             for name in LayerWeights.__slots__:
-                if name in _VIEWS_OF_RKV:
+                if name in _VIEWS:
                     continue
                 value = getattr(layer, name)
                 total += 0 if value is None else linear.weight_bytes(value)
@@ -348,17 +355,20 @@ class RWKV7:
         # Few, large ops: at batch 1 the step is bound by the host's per-op cost.
         mixes = ops.shift_mix(x, shift_state, batch.slot_idx, batch.cu_seqlens, layer.att_mix)
         r, k, v = linear.bmm(mixes[:3], layer.rkv).unbind(0)
-        _, _, xv, xw, xa, xg = mixes.unbind(0)
-        w_lora = linear.mm(torch.tanh(linear.mm(xw, layer.w1)), layer.w2)
-        a_lora = linear.mm(linear.mm(xa, layer.a1), layer.a2)
+        xg = mixes[5]
+        # mixes is (r, k, v, w, a, g): the stacked LoRAs take (v, w, a), or (w, a) in block 0.
+        stacked = layer.lora_down.shape[0]
+        hidden = linear.bmm(mixes[5 - stacked : 5], layer.lora_down)
+        hidden[-2].tanh_()  # the decay LoRA's nonlinearity; the others are linear
+        lora = linear.bmm(hidden, layer.lora_up)
+        w_lora, a_lora = lora[-2], lora[-1]
         g = linear.mm(torch.sigmoid(linear.mm(xg, layer.g1)), layer.g2)
         if index == 0:  # block 0 defines v_first and has no value residual
             v_first = v
             w, a, b = ops.wkv_prep(k, v, w_lora, a_lora, None, None, layer.w0, layer.a0, None, layer.k_k, layer.k_a)
         else:
-            assert layer.v0 is not None and layer.v1 is not None and layer.v2 is not None
-            v_lora = linear.mm(linear.mm(xv, layer.v1), layer.v2)
-            w, a, b = ops.wkv_prep(k, v, w_lora, a_lora, v_lora, v_first, layer.w0, layer.a0, layer.v0, layer.k_k, layer.k_a)
+            assert layer.v0 is not None and stacked == 3
+            w, a, b = ops.wkv_prep(k, v, w_lora, a_lora, lora[0], v_first, layer.w0, layer.a0, layer.v0, layer.k_k, layer.k_a)
         y = wkv_dispatch.wkv7(wkv_state, batch, r, w, k, v, a, b)  # sequential or chunked kernel, by the call's lengths
         y = ops.gn_bonus_gate(y, r, k, v, g, layer.r_k, layer.ln_x_weight, layer.ln_x_bias)
         return linear.mm(y, layer.output), v_first
@@ -399,6 +409,29 @@ def _normed_embedding(convert: _Converter, config: ModelConfig, dtype: torch.dty
     return out
 
 
+def lora_stack_rank(ranks: Sequence[int]) -> int:
+    """The rank the stacked LoRAs are padded to (memory_plan counts the padding from this)."""
+    return max(ranks)
+
+
+def _stack_loras(
+    downs: Sequence[torch.Tensor], ups: Sequence[torch.Tensor]
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+    """`[n, C, R]` and `[n, R, C]` stacks, zero beyond each LoRA's own rank (zero hidden
+    columns meet zero rows: the padding adds exact zeros), and the views of each LoRA in them."""
+    rank = lora_stack_rank([d.shape[1] for d in downs])
+    width = downs[0].shape[0]
+    down = torch.zeros((len(downs), width, rank), dtype=downs[0].dtype, device=downs[0].device)
+    up = torch.zeros((len(ups), rank, width), dtype=ups[0].dtype, device=ups[0].device)
+    down_views, up_views = [], []
+    for n, (d, u) in enumerate(zip(downs, ups)):
+        down[n, :, : d.shape[1]] = d
+        up[n, : u.shape[0]] = u
+        down_views.append(down[n, :, : d.shape[1]])
+        up_views.append(up[n, : u.shape[0]])
+    return down, up, down_views, up_views
+
+
 def _convert_layer(convert: _Converter, index: int) -> LayerWeights:
     p, a, f = f"blocks.{index}.", f"blocks.{index}.att.", f"blocks.{index}.ffn."
     take = convert.take
@@ -409,6 +442,12 @@ def _convert_layer(convert: _Converter, index: int) -> LayerWeights:
                 convert.bar.update(1)
     optional = convert.take_optional
     rkv = convert.take_matrices([a + name for name in ("receptance.weight", "key.weight", "value.weight")])
+    v1, v2 = optional(a + "v1"), optional(a + "v2")
+    names = (["v"] if v1 is not None else []) + ["w", "a"]
+    downs = {"v": v1, "w": take(a + "w1"), "a": take(a + "a1")}
+    ups = {"v": v2, "w": take(a + "w2"), "a": take(a + "a2")}
+    lora_down, lora_up, down_views, up_views = _stack_loras([downs[n] for n in names], [ups[n] for n in names])  # type: ignore[misc]
+    view = dict(zip(names, zip(down_views, up_views)))
     return LayerWeights(
         ln1_weight=take(p + "ln1.weight"),
         ln1_bias=take(p + "ln1.bias"),
@@ -416,16 +455,18 @@ def _convert_layer(convert: _Converter, index: int) -> LayerWeights:
         ln2_bias=take(p + "ln2.bias"),
         att_mix=convert.take_stacked([a + name for name in _ATT_MIX]),
         w0=take(a + "w0"),
-        w1=take(a + "w1"),
-        w2=take(a + "w2"),
+        w1=view["w"][0],
+        w2=view["w"][1],
         a0=take(a + "a0"),
-        a1=take(a + "a1"),
-        a2=take(a + "a2"),
+        a1=view["a"][0],
+        a2=view["a"][1],
         v0=optional(a + "v0"),
-        v1=optional(a + "v1"),
-        v2=optional(a + "v2"),
+        v1=view["v"][0] if "v" in view else None,
+        v2=view["v"][1] if "v" in view else None,
         g1=take(a + "g1"),
         g2=take(a + "g2"),
+        lora_down=lora_down,
+        lora_up=lora_up,
         k_k=take(a + "k_k"),
         k_a=take(a + "k_a"),
         r_k=take(a + "r_k"),

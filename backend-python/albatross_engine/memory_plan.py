@@ -17,7 +17,7 @@ one line saying so: the L1 cache budget, then `prefill_budget` (halved, not belo
 `MIN_PREFILL_BUDGET`), then `batch` (the most that fit). If not even one slot fits, it refuses
 with one message that says what would fit (`MemoryPlanError`), e.g.
 
-    7.2B fp16 needs 14.4 GB of weights; this GPU has 11.6 GB free: use weights=int8 (7.3 GB) with batch up to 180
+    7.2B fp16 needs 14.5 GB of weights; this GPU has 11.6 GB free: use weights=int8 (7.8 GB) with batch up to 146
 """
 
 from __future__ import annotations
@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 from albatross.checkpoint import ModelConfig, expected_shapes
 from albatross.int8_dispatch import DEQUANTIZE_SLAB
+from albatross.model import lora_stack_rank
 from albatross.quant import LARGE_MATRICES, WEIGHT_FORMATS
 from albatross_engine.device_step import graph_buckets
 
@@ -140,6 +141,16 @@ def weight_bytes(config: ModelConfig, weights: str, dtype_bytes: int) -> int:
             total += count + 4 * shape[0]  # checkpoint matrices are [out, in]
         else:
             total += count * dtype_bytes
+    return total + lora_padding(config) * dtype_bytes
+
+
+def lora_padding(config: ModelConfig) -> int:
+    """Elements of zeros the model's stacked LoRAs hold beyond the checkpoint's (albatross.model:
+    the value, decay and in-context-rate LoRAs of a block padded to one rank)."""
+    total = 0
+    for layer in range(config.n_layer):
+        ranks = ([config.value_rank] if layer > 0 else []) + [config.decay_rank, config.a_rank]
+        total += sum(lora_stack_rank(ranks) - rank for rank in ranks) * 2 * config.n_embd
     return total
 
 
