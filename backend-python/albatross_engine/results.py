@@ -1,7 +1,8 @@
 """The host work of an issued step: its sampled ids become each task's next event.
 
 Wait for the ids (the one sync per step); advance the grammar matchers of the constrained rows,
-all at once; then per sampling row, in plan order: count the token (a token its grammar refused
+all at once, and read what the events need from them (the worker then starts the next step's mask
+fill on other threads); then per sampling row, in plan order: count the token (a token its grammar refused
 fails the task), decide with `albatross.stopping` whether it ends the task (a grammar with nothing
 left to match ends it with "stop"), attach logprobs when asked, and queue the event (or finish the
 task). A row of a task that already finished (aborted, failed, or done one step earlier under
@@ -11,6 +12,7 @@ overlap) is skipped: its sample is dropped and not counted.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from albatross.constraints import ConstraintError, advance_all
@@ -39,7 +41,10 @@ class ResultProcessor:
         self.metrics = metrics
         self.tokenizer = tokenizer
 
-    def process(self, issued: IssuedStep) -> None:
+    def process(self, issued: IssuedStep, advanced: Callable[[], None] | None = None) -> None:
+        """`advanced` runs once the matchers have moved and been read (the worker starts the next
+        step's mask fill there, on other threads, while this one queues the events): from then on
+        nothing here touches a matcher."""
         try:
             ids = issued.token_ids()
         except Exception as error:  # a device error surfaces at the sync
@@ -48,7 +53,9 @@ class ResultProcessor:
             self.device_step.forget_last_step(issued)
             return
         produced = 0
-        refused = self._advance_matchers(issued, ids)
+        refused, complete = self._advance_matchers(issued, ids)
+        if advanced is not None:
+            advanced()
         for row in issued.plan.rows:
             task = row.task
             if task.finished:
@@ -56,7 +63,7 @@ class ResultProcessor:
             try:
                 if row.samples:
                     produced += 1
-                    self._accept(task, ids[row.sample_row], issued, row.sample_row, task.task_id in refused)
+                    self._accept(task, ids[row.sample_row], issued, row.sample_row, refused.get(task.task_id), task.task_id in complete)
                 elif row.kind is RowKind.PREFILL and row.stop == task.prompt_len and task.sampling.max_tokens == 0:
                     self.finisher.finish(task, "length", task.event())
             except Exception as error:
@@ -65,24 +72,35 @@ class ResultProcessor:
         self.metrics.add_generated(produced)
 
     @staticmethod
-    def _advance_matchers(issued: IssuedStep, ids: list[int]) -> set[int]:
+    def _advance_matchers(issued: IssuedStep, ids: list[int]) -> tuple[dict[int, str], set[int]]:
         """Every live matcher of the step advanced by its row's id, all at once (GIL released);
-        returns the ids of the tasks whose grammar refused its token."""
+        returns the tasks whose grammar refused its token (by task id, with the matcher's error)
+        and those whose grammar is now complete."""
         rows = [row for row in issued.plan.rows if row.samples and row.task.matcher is not None and not row.task.finished]
         if not rows:
-            return set()
-        pairs = [(row.task.matcher, ids[row.sample_row]) for row in rows if row.task.matcher is not None]
-        return {row.task.task_id for row, accepted in zip(rows, advance_all(pairs)) if not accepted}
+            return {}, set()
+        matchers = [row.task.matcher for row in rows]
+        accepted = advance_all([(matcher, ids[row.sample_row]) for row, matcher in zip(rows, matchers) if matcher is not None])
+        refused: dict[int, str] = {}
+        complete: set[int] = set()
+        for row, matcher, ok in zip(rows, matchers, accepted):
+            assert matcher is not None
+            if not ok:
+                refused[row.task.task_id] = matcher.error() or "no reason given"
+            elif matcher.is_terminated():
+                complete.add(row.task.task_id)
+        return refused, complete
 
-    def _accept(self, task: EngineTask, token: int, issued: IssuedStep, sample_row: int, refused: bool = False) -> None:
-        """`refused`: the task's grammar (already advanced by `token`) did not allow it."""
+    def _accept(
+        self, task: EngineTask, token: int, issued: IssuedStep, sample_row: int, refused: str | None = None, complete: bool = False
+    ) -> None:
+        """`refused`: the task's grammar (already advanced by `token`) did not allow it, and why;
+        `complete`: its grammar has nothing left to match."""
         assert task.text_stream is not None
         task.completion_tokens += 1
         sampling = task.sampling
-        matcher = task.matcher
-        if matcher is not None and refused:
-            raise ConstraintError(f"the output grammar refused the sampled token {token}: {matcher.error()}")
-        complete = matcher is not None and matcher.is_terminated()
+        if refused is not None:
+            raise ConstraintError(f"the output grammar refused the sampled token {token}: {refused}")
         text, reason, stop_token = accept_token(
             task.text_stream, token, sampling.stop_token_ids, task.completion_tokens, sampling.max_tokens, complete
         )

@@ -286,7 +286,8 @@ class Worker:
         if self.overlap:
             previous, self._pending = self._pending, issued
             if previous is not None:
-                results.process(previous)  # advances the matchers that the masks of `issued` need
+                # advances the matchers that the masks of `issued` need, then lets their fill start
+                results.process(previous, self._start_masks(issued))
             if issued is not None:
                 self._sample_masked(issued, finisher)
         else:
@@ -359,6 +360,12 @@ class Worker:
                 finisher.save_final(row.task)
         return issued
 
+    def _start_masks(self, issued: IssuedStep | None) -> Callable[[], None] | None:
+        masks = self._masks
+        if issued is None or issued.masked is None or masks is None:
+            return None
+        return lambda: masks.start(issued)
+
     def _sample_masked(self, issued: IssuedStep, finisher: Finisher) -> None:
         masks, device_step = self._masks, self.device_step
         assert masks is not None and device_step is not None
@@ -409,6 +416,8 @@ class Worker:
     def _release_device(self) -> None:
         self.device_step = None
         self._saved_states = self._finisher = self._results = None
+        if self._masks is not None:
+            self._masks.close()
         self._masks = None
         self._pending = None
         if self.device.type == "cuda":

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+from collections.abc import Iterator
 from typing import Any
 
 import jsonschema
@@ -37,6 +38,15 @@ UNDEFINED_IDS = range(65530, 65536)
 def compiler() -> ConstraintCompiler:
     # Three lexer shards whatever this machine's CPU count, so the parallel calls below mix shards.
     return ConstraintCompiler(get_tokenizer(), shards=3)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def three_shard_threads() -> Iterator[None]:
+    """The parallel calls on three threads, one per shard, whatever this machine's CPU count."""
+    saved = constraints._threads
+    constraints._threads = constraints._ShardThreads(3)
+    yield
+    constraints._threads = saved
 
 
 def _row() -> np.ndarray:

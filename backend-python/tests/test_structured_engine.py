@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -197,21 +197,21 @@ def test_finished_and_aborted_requests_free_their_matchers(engine: AlbatrossRWKV
 
 
 def test_a_failing_matcher_fails_its_own_request_only(engine: AlbatrossRWKV, matchers: list[TokenMatcher], monkeypatch: pytest.MonkeyPatch) -> None:
-    fill = grammar_masks.fill_bitmasks
+    fill = grammar_masks.bitmask_fill
     calls = 0
 
-    def failing_third_fill(rows: Any, out: Any) -> list[int]:
+    def failing_third_fill(rows: Any, out: Any) -> Callable[[], list[int]]:
         nonlocal calls
         calls += 1
-        failed = fill(rows, out)
-        return failed + [0] if calls == 3 and rows else failed
+        run, third = fill(rows, out), calls == 3 and bool(rows)
+        return lambda: run() + [0] if third else run()
 
-    monkeypatch.setattr(grammar_masks, "fill_bitmasks", failing_third_fill)
+    monkeypatch.setattr(grammar_masks, "bitmask_fill", failing_third_fill)
     doomed = GenerationRequest([1, 2], LONG, constraint=JSON_OBJECT)
     results = collect(engine, [doomed, free_request(1)])
     assert results[0][-1].finish_reason == "error" and "the output grammar failed" in (results[0][-1].error or "")
     assert results[1][-1].finish_reason in ("stop", "length")
-    monkeypatch.setattr(grammar_masks, "fill_bitmasks", fill)
+    monkeypatch.setattr(grammar_masks, "bitmask_fill", fill)
     assert token_ids(results[1]) == token_ids(collect(engine, [free_request(1)])[0])
     assert matchers and all(m.freed for m in matchers)
 
