@@ -199,6 +199,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", default="1,64,256,960")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--graph-batches", default="1,64")
+    parser.add_argument("--fp16-graph-batches", default="1,960",
+                        help="graph decode with the fp16 state (the engine's default), at these batches")
     parser.add_argument("--prefill-chunk", type=int, default=4096)
     parser.add_argument("--accuracy-shape", default="0.4b", choices=sorted(NAMED_SHAPES))
     parser.add_argument("--profile-batches", default="", help="print a kernel profile of eager decode at these batches")
@@ -249,6 +251,17 @@ def main(argv: list[str] | None = None) -> None:
                     print(asdict(result), flush=True)
                 del runner
                 linear.set_gemv_allowed(linear.GEMV_BY_DEFAULT)
+        if state_dtype == torch.float16:
+            fp16_graph_batches = [int(b) for b in args.fp16_graph_batches.split(",") if b and int(b) < pool.batch_size]
+            if fp16_graph_batches:  # what the engine runs: a captured step per bucket, fp16 state
+                runner = DecodeGraphRunner(model, pool, scratch_slot=pool.batch_size - 1, buckets=fp16_graph_batches)
+                for batch in fp16_graph_batches:
+                    result = bench_decode(model, pool, batch, 3 * args.steps if batch == 1 else args.steps, args.shape, runner)
+                    result.note = tag + ", cuBLAS"
+                    results.append(result)
+                    print(asdict(result), flush=True)
+                del runner
+        if state_dtype == torch.float32:
             for batch in [int(b) for b in args.profile_batches.split(",") if b]:
                 print(f"\n== profile: eager decode + sampling, batch {batch}, {args.shape}\n{profile_decode(model, pool, batch)}", flush=True)
             for spec in [s for s in args.profile_prefill.split(",") if s]:
