@@ -34,6 +34,7 @@ from albatross_engine.config import AlbatrossBackendConfig
 from albatross_engine.device_step import DeviceStep, IssuedStep, RowInputsRefused, free_device_memory
 from albatross_engine.finishing import Finisher, fail_all
 from albatross_engine.memory_plan import MemoryPlan, MemoryPlanError, MemoryRequest, plan_memory
+from albatross_engine.allocator import use_expandable_segments
 from albatross_engine.grammar_masks import GrammarMasks
 from albatross_engine.metrics import MetricsSnapshot, WorkerMetrics
 from albatross_engine.model_specs import ModelLoader, ModelSource
@@ -209,6 +210,7 @@ class Worker:
 
     def _load_model(self) -> None:
         if self.device.type == "cuda":
+            use_expandable_segments()  # before the weights: reserved memory follows the plan's allocations
             cuda_ops.enable_cuda_kernels()  # once per process: prebuilt binary, else JIT, else torch ops
         source = self._source
         try:
