@@ -3,6 +3,7 @@
 // outputs are in the activation dtype. The torch twins in albatross/ops.py define the results.
 //
 //   add_layer_norm   x += delta (optional, in place), h = layer_norm(x)         one block per row
+//                    (8 channels per access when C is a multiple of 8 and the rows are aligned)
 //   shift_mix        token shift + K lerp mixes, shift vectors updated in place   one thread per (row, 8 channels)
 //   wkv_prep         k/v/w/a/b of the WKV op from the matmul and LoRA outputs     8 lanes per (row, head)
 //   gn_bonus_gate    (group_norm(y) + bonus) * g                                  8 lanes per (row, head)
@@ -107,6 +108,62 @@ __global__ void __launch_bounds__(kThreads)
   for (int q = 0; q < kRowRegs; ++q) {
     const int c = threadIdx.x + q * kThreads;
     if (c < C) h[base + c] = from_float<T>((vals[q] - mean) * rstd * to_float(weight[c]) + to_float(bias[c]));
+  }
+}
+
+// The same with 16-byte accesses, 8 channels at a time, when C is a multiple of 8 and every
+// pointer is aligned (the model's rows always are): a quarter of the memory instructions of the
+// per-channel loop. At batch 1 on the H200 that loop took 6.2 us a call, 65 calls a 7.2B step.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    add_layer_norm_vec_kernel(T* __restrict__ x, const T* __restrict__ delta, const T* __restrict__ weight,
+                              const T* __restrict__ bias, T* __restrict__ h, const int C, const float eps) {
+  constexpr int kGroups = kRowRegs / kVec;
+  __shared__ float scratch[kThreads / 32];
+  const int64_t base = (int64_t)blockIdx.x * C;
+  float vals[kGroups][kVec];
+  float sum = 0.f;
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    const int c = (threadIdx.x + g * kThreads) * kVec;
+    if (c < C) {
+      load8(x + base + c, vals[g]);
+      if (delta != nullptr) {
+        float d[kVec];
+        load8(delta + base + c, d);
+        // Round the new residual to the activation dtype first: the norm sees what is stored.
+#pragma unroll
+        for (int q = 0; q < kVec; ++q) vals[g][q] = to_float(from_float<T>(vals[g][q] + d[q]));
+        store8(x + base + c, vals[g]);
+      }
+    } else {
+#pragma unroll
+      for (int q = 0; q < kVec; ++q) vals[g][q] = 0.f;
+    }
+#pragma unroll
+    for (int q = 0; q < kVec; ++q) sum += vals[g][q];
+  }
+  const float mean = block_sum(sum, scratch) / C;
+  float sq = 0.f;
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    if ((threadIdx.x + g * kThreads) * kVec < C) {
+#pragma unroll
+      for (int q = 0; q < kVec; ++q) sq += (vals[g][q] - mean) * (vals[g][q] - mean);
+    }
+  }
+  const float rstd = rsqrtf(block_sum(sq, scratch) / C + eps);
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    const int c = (threadIdx.x + g * kThreads) * kVec;
+    if (c < C) {
+      float w[kVec], b[kVec], out[kVec];
+      load8(weight + c, w);
+      load8(bias + c, b);
+#pragma unroll
+      for (int q = 0; q < kVec; ++q) out[q] = (vals[g][q] - mean) * rstd * w[q] + b[q];
+      store8(h + base + c, out);
+    }
   }
 }
 
@@ -364,10 +421,20 @@ Tensor add_layer_norm_cuda(Tensor x, const OptionalTensor& delta, const Tensor& 
   Tensor h = empty_like(x);
   if (rows == 0) return h;
   const cudaStream_t stream = current_stream(x);
+  auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  const bool vectorised = C % kVec == 0 && aligned(x) && aligned(h) && aligned(weight) && aligned(bias) &&
+                          (!delta.has_value() || aligned(*delta));
   ALBATROSS_DISPATCH_FLOAT(x.scalar_type(), T, "x", [&] {
-    add_layer_norm_kernel<T><<<row_blocks(rows), kThreads, 0, stream>>>(
-        pointer<T>(x), delta.has_value() ? pointer<const T>(*delta) : nullptr, pointer<const T>(weight),
-        pointer<const T>(bias), pointer<T>(h), static_cast<int>(C), static_cast<float>(eps));
+    const T* delta_ptr = delta.has_value() ? pointer<const T>(*delta) : nullptr;
+    if (vectorised) {
+      add_layer_norm_vec_kernel<T><<<row_blocks(rows), kThreads, 0, stream>>>(
+          pointer<T>(x), delta_ptr, pointer<const T>(weight), pointer<const T>(bias), pointer<T>(h), static_cast<int>(C),
+          static_cast<float>(eps));
+    } else {
+      add_layer_norm_kernel<T><<<row_blocks(rows), kThreads, 0, stream>>>(
+          pointer<T>(x), delta_ptr, pointer<const T>(weight), pointer<const T>(bias), pointer<T>(h), static_cast<int>(C),
+          static_cast<float>(eps));
+    }
     check_launch();
   });
   return h;

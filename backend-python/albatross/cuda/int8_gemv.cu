@@ -83,13 +83,26 @@ __global__ void __launch_bounds__(kThreads) int8_gemv_kernel(const T* __restrict
         for (int c = 0; c < kVec; ++c) acc[r][c] = fmaf(xv, w[c], acc[r][c]);
       }
     };
+    // Software-pipelined: the next group's kUnroll loads are issued before this group's sums, so
+    // a warp keeps 2 * kUnroll rows in flight and the loads' latency hides behind the arithmetic.
+    auto load_group = [&](int first, uint4* raw) {
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) raw[u] = __ldcs(reinterpret_cast<const uint4*>(column + (int64_t)(first + u * kWarps) * N));
+    };
     int kk = warp;
-    for (; kk + (kUnroll - 1) * kWarps < k_count; kk += kKStep) {
-      uint4 raw[kUnroll];
+    const bool full = kk + (kUnroll - 1) * kWarps < k_count;
+    uint4 current[kUnroll], next[kUnroll];
+    if (full) load_group(kk, current);
+    while (full) {
+      const int following = kk + kKStep;
+      const bool more = following + (kUnroll - 1) * kWarps < k_count;
+      if (more) load_group(following, next);
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) raw[u] = __ldcs(reinterpret_cast<const uint4*>(column + (int64_t)(kk + u * kWarps) * N));
+      for (int u = 0; u < kUnroll; ++u) accumulate(current[u], kk + u * kWarps);
+      kk = following;
+      if (!more) break;
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) accumulate(raw[u], kk + u * kWarps);
+      for (int u = 0; u < kUnroll; ++u) current[u] = next[u];
     }
     for (; kk < k_count; kk += kWarps) accumulate(__ldcs(reinterpret_cast<const uint4*>(column + (int64_t)kk * N)), kk);
   }
