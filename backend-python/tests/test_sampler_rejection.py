@@ -5,6 +5,7 @@ from the row's place in the batch, its fallback to the exact draw; and the CUDA 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -302,6 +303,14 @@ def test_rows_with_top_k_keep_the_exact_draw_and_the_others_take_the_rejection_d
     alone = sample(logits[free], slots[free], _permuted(batch, free), pool, update_penalties=False, rejection=True)
     assert torch.equal(chosen[free], alone)
     assert not torch.equal(chosen[free], exact[free]), "the rows without top_k should take the rejection draw"
+
+
+def test_the_switch_is_on_unless_the_environment_asks_for_the_exact_draw() -> None:
+    assert sampler.rejection_from_environment(None) and sampler.rejection_from_environment("rejection")
+    assert not sampler.rejection_from_environment("exact")
+    with pytest.raises(ValueError, match="ALBATROSS_SAMPLER='Exact'"):
+        sampler.rejection_from_environment("Exact")
+    assert sampler.REJECTION == sampler.rejection_from_environment(os.environ.get("ALBATROSS_SAMPLER"))
 
 
 def test_the_default_draw_is_the_module_switch(monkeypatch: pytest.MonkeyPatch) -> None:
