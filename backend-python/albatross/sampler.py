@@ -20,11 +20,12 @@ Every row of a call may have its own settings; nothing loops over rows in Python
 mask or a bias cost nothing extra: a call whose batch has neither runs exactly the steps above
 without them.
 
-The rejection draw (`rejection=True`, docs/kernels.md "Rejection draw") replaces steps 3-4 for the
-sampled rows with rounds that need no sort: round r draws from the weights above a pivot with the
-round's Philox uniform, accepts the draw if it passes top_k/top_p, else raises the pivot to it. It
-samples the same kept distribution with other uniforms (so other ids for a seed than the exact
-draw); what it cannot decide within REJECTION_ROUNDS draws takes steps 3-4 as above.
+The rejection draw (`rejection=True`, the default: REJECTION; docs/kernels.md "Rejection draw")
+replaces steps 3-4 for the sampled rows without top_k with rounds that need no sort: round r draws
+from the weights above a pivot with the round's Philox uniform, accepts the draw if it passes
+top_p, else raises the pivot to it. It samples the same kept distribution with other uniforms (so
+other ids for a seed than the exact draw); what it cannot decide within REJECTION_ROUNDS draws
+takes steps 3-4 as above.
 """
 
 from __future__ import annotations
@@ -332,11 +333,19 @@ def apply_allowed(logits: torch.Tensor, allowed: AllowedTokens) -> None:
     logits.masked_fill_(~bits, float("-inf"))
 
 
-# The rejection draw (docs/kernels.md "Rejection draw") for the rows without top_k: 7x faster for
-# top_p alone on the H200, but off by default: its kernel chose ids apart from its twin on tied
-# logits there (test_sampler_kernel_matches_torch_twin[64-ties], docs/performance.md).
-# ALBATROSS_SAMPLER=rejection turns it on for every call that does not choose itself.
-REJECTION = os.environ.get("ALBATROSS_SAMPLER", "") == "rejection"
+def rejection_from_environment(value: str | None) -> bool:
+    """ALBATROSS_SAMPLER: unset or "rejection" takes the rejection draw (docs/kernels.md "Rejection
+    draw") for the rows without top_k, 7x faster for top_p alone on the H200; "exact" takes the
+    exact draw for every row. Anything else is refused, so a typo cannot silently pick a draw."""
+    if value in (None, "", "rejection"):
+        return True
+    if value == "exact":
+        return False
+    raise ValueError(f"ALBATROSS_SAMPLER={value!r}: expected 'rejection' (the default) or 'exact'")
+
+
+# The draw of every call that does not choose itself (`rejection=None`).
+REJECTION = rejection_from_environment(os.environ.get("ALBATROSS_SAMPLER"))
 REJECTION_ROUNDS = 32  # draws before a row takes the exact path
 WALK_THREADS = 1024  # the kernel's threads per row: the walk order below follows their ownership
 _BELOW_ONE = float(torch.nextafter(torch.tensor(1.0), torch.tensor(0.0)))  # largest fp32 under 1

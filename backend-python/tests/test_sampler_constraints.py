@@ -9,8 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from albatross.sampler import AllowedTokens, LogitBias, PenaltyPool, SamplingBatch, kept_mask, sample, seed_to_seed32, unpack_bitmask
+from albatross import sampler
+from albatross.sampler import AllowedTokens, LogitBias, PenaltyPool, SamplingBatch, sample, seed_to_seed32, unpack_bitmask
 from runner.interface import SamplingParams
+from sampler_oracles import draw_accepts
 
 VOCAB = 4096
 WORDS = VOCAB // 32
@@ -222,26 +224,14 @@ def _gpu_allowed(masks: list[set[int] | None]) -> AllowedTokens:
     return AllowedTokens(index=torch.tensor(index, dtype=torch.int64).cuda(), words=words.cuda())
 
 
-def _at_a_rounding_boundary(adjusted: torch.Tensor, settings: SamplingParams, u: float, token: int) -> bool:
-    """A sampled id that differs from the twin's is acceptable only where fp32 sums may decide
-    either way: the id is kept (or on a threshold's edge) and the draw's target lies within
-    summation error of its cumulative interval (in id order)."""
-    probs = torch.softmax(adjusted.double() / settings.temperature, dim=-1)
-    kept = kept_mask(probs[None].float(), torch.tensor([settings.top_k]), torch.tensor([settings.top_p]))[0]
-    masses = torch.where(kept, probs, torch.zeros_like(probs))
-    cumulative = masses.cumsum(0)
-    target, slack = u * cumulative[-1].item(), 1e-5 * cumulative[-1].item()
-    upper, lower = cumulative[token].item(), cumulative[token].item() - masses[token].item()
-    return bool(probs[token] > 0) and lower - slack <= target <= upper + slack
-
-
 @pytest.mark.cuda
 @needs_gpu
 @pytest.mark.parametrize("name", list(GPU_SETTINGS))
 @pytest.mark.parametrize("rows", [8, 96], ids=["8 rows", "96 rows"])
 def test_the_cuda_kernel_applies_masks_and_biases_as_the_twin_does(name: str, rows: int) -> None:
-    """Greedy rows equal the twin's exactly; a sampled row equals it or sits at a rounding boundary;
-    every id lies inside its mask; penalties are updated alike."""
+    """Greedy rows equal the twin's exactly; a sampled row equals it or sits at a rounding boundary
+    of the default draw (sampler_oracles.draw_accepts); every id lies inside its mask; penalties
+    are updated alike."""
     from albatross import cuda_ops, ops
 
     cuda_ops.enable_cuda_kernels()
@@ -271,7 +261,8 @@ def test_the_cuda_kernel_applies_masks_and_biases_as_the_twin_does(name: str, ro
             outside = torch.ones(GPU_VOCAB, dtype=torch.bool)
             outside[list(masks[r])] = False
             adjusted[outside] = float("-inf")
-        assert _at_a_rounding_boundary(adjusted, settings, _uniform_reference(seeds[r], steps[r]), got[r]), f"row {r}: {got[r]} != {expected[r]}"
+        row_settings = (settings.temperature, settings.top_k, settings.top_p, seeds[r], steps[r])
+        assert draw_accepts(adjusted, *row_settings, got[r], sampler.REJECTION), f"row {r}: {got[r]} != {expected[r]}, not a rounding boundary"
     # Penalties follow each row's own sample: compare where both samplers drew the same id.
     same = [r for r in range(rows) if got[r] == expected[r]]
     assert len(same) >= rows * 3 // 4, f"only {len(same)} of {rows} rows agree with the twin"

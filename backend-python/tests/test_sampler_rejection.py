@@ -5,6 +5,7 @@ from the row's place in the batch, its fallback to the exact draw; and the CUDA 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -14,6 +15,7 @@ import torch
 from albatross import sampler
 from albatross.sampler import AllowedTokens, LogitBias, PenaltyPool, SamplingBatch, kept_mask, philox4x32, round_uniform, sample, seed_to_seed32, walk_order
 from runner.interface import SamplingParams
+from sampler_oracles import draw_accepts, kernel_order_rejection, rejection_replay
 
 PLAIN = SamplingParams(temperature=1.0, top_p=1.0, top_k=0, presence_penalty=0.0, frequency_penalty=0.0, penalty_decay=1.0)
 SETTINGS = ("temperature", "top_p", "top_k", "presence", "frequency", "decay", "seed32", "step")  # SamplingBatch's per-row tensors
@@ -120,12 +122,14 @@ def _mask_words(allowed: set[int]) -> torch.Tensor:
 
 
 def _draws(case: Case, settings: SamplingParams, draws: int, rejection: bool) -> torch.Tensor:
-    """`draws` tokens of one request: steps 0..draws-1 of one seed, one row each."""
+    """`draws` tokens of many requests: 40 seeds, each its steps 0, 1, ..., one row per token."""
     params = [replace(settings, logit_bias=case.bias)] * draws
     allowed = None
     if case.allowed is not None:
         allowed = AllowedTokens(index=torch.zeros(draws, dtype=torch.int64), words=_mask_words(case.allowed)[None])
-    batch = SamplingBatch.from_params(params, [seed_to_seed32(2026)] * draws, list(range(draws)), allowed=allowed)
+    per_seed = -(-draws // 40)
+    seeds = [seed_to_seed32(2026 + i // per_seed) for i in range(draws)]
+    batch = SamplingBatch.from_params(params, seeds, [i % per_seed for i in range(draws)], allowed=allowed)
     pool = PenaltyPool(1, VOCAB)
     pool.penalties[0] = case.penalty
     logits = case.logits.expand(draws, -1)
@@ -139,23 +143,26 @@ def _kept_distribution(case: Case, settings: SamplingParams) -> torch.Tensor:
     return target / target.sum()
 
 
-DISTRIBUTIONS = [
+DISTRIBUTIONS = [  # rows without top_k take the rejection draw; with top_k, the exact draw (per row)
     ("spread", replace(PLAIN, top_k=50, top_p=0.6)),
     ("spread", replace(PLAIN, temperature=0.7, top_p=0.9)),
     ("spread", replace(PLAIN, temperature=1.3, top_k=12)),
     ("spread", replace(PLAIN, temperature=0.5)),
     ("concentrated", replace(PLAIN, top_k=30)),
+    ("concentrated", replace(PLAIN, temperature=0.01, top_p=0.7)),
     ("ties", replace(PLAIN, top_k=25)),
     ("ties", replace(PLAIN, temperature=0.4, top_p=0.5)),
     ("constrained", replace(PLAIN, temperature=0.9, top_k=30, top_p=0.8)),
+    ("constrained", replace(PLAIN, temperature=0.9, top_p=0.8)),
+    ("constrained", replace(PLAIN, temperature=1.2)),
 ]
 
 
 @pytest.mark.parametrize(("shape", "settings"), DISTRIBUTIONS, ids=[f"{s}-k{p.top_k}-p{p.top_p}-t{p.temperature}" for s, p in DISTRIBUTIONS])
 def test_rejection_draws_follow_the_exact_kept_distribution(shape: str, settings: SamplingParams) -> None:
-    """Total variation between 4,000 draws and the exact top-k/top-p distribution stays within the
-    sampling noise of 4,000 draws (E|n_i - N p_i| <= sqrt(N p_i)), as the exact draw's does; no
-    dropped id is ever drawn."""
+    """Total variation between 4,000 draws (40 seeds x 100 steps) and the exact top-k/top-p
+    distribution stays within the sampling noise of 4,000 draws (E|n_i - N p_i| <= sqrt(N p_i)), as
+    the exact draw's does; no dropped id is ever drawn."""
     draws = 4000
     case = _case(shape)
     target = _kept_distribution(case, settings)
@@ -298,6 +305,14 @@ def test_rows_with_top_k_keep_the_exact_draw_and_the_others_take_the_rejection_d
     assert not torch.equal(chosen[free], exact[free]), "the rows without top_k should take the rejection draw"
 
 
+def test_the_switch_is_on_unless_the_environment_asks_for_the_exact_draw() -> None:
+    assert sampler.rejection_from_environment(None) and sampler.rejection_from_environment("rejection")
+    assert not sampler.rejection_from_environment("exact")
+    with pytest.raises(ValueError, match="ALBATROSS_SAMPLER='Exact'"):
+        sampler.rejection_from_environment("Exact")
+    assert sampler.REJECTION == sampler.rejection_from_environment(os.environ.get("ALBATROSS_SAMPLER"))
+
+
 def test_the_default_draw_is_the_module_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     rows = 16
     logits, pool, batch = _mixed_batch(rows, VOCAB, seed=10)
@@ -306,6 +321,81 @@ def test_the_default_draw_is_the_module_switch(monkeypatch: pytest.MonkeyPatch) 
         monkeypatch.setattr(sampler, "REJECTION", switch)
         chosen = sample(logits, slots, batch, pool, update_penalties=False)
         assert torch.equal(chosen, sample(logits, slots, batch, pool, update_penalties=False, rejection=switch))
+
+
+# ---------------------------------------------------------------------------- the GPU tests' oracle
+
+
+def _h200_tie_row() -> tuple[torch.Tensor, SamplingBatch]:
+    """Row 16 of test_sampler_kernel_matches_torch_twin[64-ties] (tests/test_cuda_kernels.py), rebuilt
+    from that test's generator calls: tied logits and penalties, temperature 1.7, top_p 0.5. On the
+    H200 the kernel drew 59501, the twin 65332."""
+    generator = torch.Generator().manual_seed(64)
+    rows, vocab = 64, 65536
+    logits = torch.randint(0, 6, (rows, vocab), generator=generator).float()
+    slots = torch.randperm(rows + 3, generator=generator)[:rows]
+    picks = [torch.randint(0, n, (rows,), generator=generator) for n in (4, 4, 5)]  # temperature, top_p, top_k
+    presence, frequency, decay = (torch.rand(rows, generator=generator) for _ in range(3))
+    seeds = torch.randint(0, 2**32, (rows,), generator=generator, dtype=torch.int64)
+    steps = torch.randint(0, 10_000, (rows,), generator=generator, dtype=torch.int64)
+    penalties = torch.randint(0, 2, (rows + 3, vocab), generator=generator).float()
+    row = 16
+    temperature = torch.tensor([0.0, 0.3, 1.0, 1.7])[picks[0][row]]
+    top_p = torch.tensor([1.0, 0.95, 0.5, 0.0])[picks[1][row]]
+    top_k = torch.tensor([0, 1, 7, 50, 1000])[picks[2][row]]
+    batch = SamplingBatch(temperature[None].float(), top_p[None].float(), top_k[None], presence[row : row + 1], frequency[row : row + 1],
+                          0.9 + 0.1 * decay[row : row + 1], seeds[row : row + 1], steps[row : row + 1])  # fmt: skip
+    return (logits[row] - penalties[slots[row]])[None], batch
+
+
+def test_the_replay_of_the_h200_tie_row_holds_both_devices_draws_and_nothing_of_the_exact_draw() -> None:
+    """Round 0's target lies within fp32 summation error of the edge between two neighbours in the
+    walk order (61239, dropped by top_p, and 65332, a maximum): the twin takes 65332 and accepts
+    it, the kernel's sums take 61239, raise the pivot and accept 59501 in the next round. The
+    float32 emulation of the kernel's order reproduces the H200's id; the replay holds both draws,
+    not the dropped neighbour, not the exact draw's id."""
+    adjusted, batch = _h200_tie_row()
+    assert float(batch.temperature) == pytest.approx(1.7) and float(batch.top_p) == 0.5 and int(batch.top_k) == 0
+    twin, decided = sampler._rejection_draw(adjusted, batch.temperature, batch, torch.zeros(1, dtype=torch.bool))
+    kernel, kernel_decided = kernel_order_rejection(adjusted, batch.temperature, batch.top_p, batch.seed32, batch.step)
+    assert bool(decided) and bool(kernel_decided)
+    assert (int(twin), int(kernel)) == (65332, 59501)
+    settings = (float(batch.temperature), 0, 0.5, int(batch.seed32), int(batch.step))
+    replay = rejection_replay(adjusted[0], *settings)
+    assert {65332, 59501} <= replay.ids and len(replay.ids) <= 4 and not replay.falls_back
+    assert rejection_replay(adjusted[0], *settings, slack=0.0).ids == {65332}, "without slack the replay is the twin"
+    exact = int(sample(adjusted, torch.zeros(1, dtype=torch.int64), batch, PenaltyPool(1, adjusted.shape[1]), update_penalties=False, rejection=False))
+    assert exact not in replay.ids
+    assert not draw_accepts(adjusted[0], *settings, 61239, True)
+    assert not draw_accepts(adjusted[0], *settings, exact, True)
+    assert draw_accepts(adjusted[0], *settings, exact, False) and not draw_accepts(adjusted[0], *settings, 59501, False)
+
+
+@pytest.mark.parametrize("shape", ["spread", "concentrated", "ties"])
+def test_the_replay_holds_the_twins_and_the_kernel_orders_draws(shape: str) -> None:
+    """On 96 rows without top_k: without slack the replay is the twin's draw, id for id (the same
+    rule); with the fp32 bound it also holds the draw of the kernel's summation order, and a few ids
+    at most."""
+    generator = torch.Generator().manual_seed(17)
+    rows, vocab = 96, 65536
+    if shape == "spread":
+        logits = torch.randn(rows, vocab, generator=generator) * 3
+    elif shape == "concentrated":
+        logits = 5 + torch.randn(rows, vocab, generator=generator) * 0.01
+    else:
+        logits = torch.randint(0, 6, (rows, vocab), generator=generator).float() - torch.randint(0, 2, (rows, vocab), generator=generator).float()
+    pick = lambda values: torch.tensor(values)[torch.randint(0, len(values), (rows,), generator=generator)]  # noqa: E731
+    batch = SamplingBatch(pick([0.3, 1.0, 1.7]), pick([0.0, 0.5, 0.9, 0.95, 1.0]), torch.zeros(rows, dtype=torch.int64), torch.zeros(rows),
+                          torch.zeros(rows), torch.ones(rows), torch.randint(0, 2**32, (rows,), generator=generator),
+                          torch.randint(0, 10_000, (rows,), generator=generator))  # fmt: skip
+    twin, decided = sampler._rejection_draw(logits, batch.temperature, batch, torch.zeros(rows, dtype=torch.bool))
+    kernel, kernel_decided = kernel_order_rejection(logits, batch.temperature, batch.top_p, batch.seed32, batch.step)
+    assert bool(decided.all()) and bool(kernel_decided.all())
+    for row in range(rows):
+        settings = (float(batch.temperature[row]), 0, float(batch.top_p[row]), int(batch.seed32[row]), int(batch.step[row]))
+        assert rejection_replay(logits[row], *settings, slack=0.0).ids == {int(twin[row])}, f"row {row}"
+        replay = rejection_replay(logits[row], *settings)
+        assert {int(twin[row]), int(kernel[row])} <= replay.ids and len(replay.ids) <= 16, f"row {row}: {sorted(replay.ids)}"
 
 
 # ---------------------------------------------------------------------------- the CUDA kernel
@@ -321,16 +411,14 @@ def _to_cuda(batch: SamplingBatch) -> SamplingBatch:
     return replace(batch, **fields, allowed=allowed, bias=bias)
 
 
-def _kept_rows(logits: torch.Tensor, pool: PenaltyPool, batch: SamplingBatch) -> tuple[torch.Tensor, torch.Tensor]:
-    """(kept mask, probabilities) of the exact definition for every row, on the CPU."""
+def _adjusted_rows(logits: torch.Tensor, pool: PenaltyPool, batch: SamplingBatch) -> torch.Tensor:
+    """Step 0 of every row on the CPU: the logits the draws start from."""
     adjusted = logits - pool.penalties
     if batch.bias is not None:
         sampler.apply_logit_bias(adjusted, batch.bias)
     if batch.allowed is not None:
         sampler.apply_allowed(adjusted, batch.allowed)
-    temperature = torch.where(batch.temperature > 0, batch.temperature, torch.ones_like(batch.temperature))
-    probs = torch.softmax(adjusted.double() / temperature[:, None].double(), dim=-1)
-    return kept_mask(probs.float(), batch.top_k, batch.top_p), probs
+    return adjusted
 
 
 @pytest.mark.cuda
@@ -338,7 +426,8 @@ def _kept_rows(logits: torch.Tensor, pool: PenaltyPool, batch: SamplingBatch) ->
 @pytest.mark.parametrize(("rows", "shape"), [(1, "spread"), (7, "spread"), (64, "spread"), (64, "concentrated"), (64, "ties"), (960, "spread")])
 def test_the_cuda_rejection_kernel_draws_the_twins_ids(rows: int, shape: str) -> None:
     """Kernel and twin on random logits of the real vocabulary: greedy rows equal, sampled rows equal
-    but for rounding (at most 1 in 100, each one a kept id), the penalty updates alike."""
+    but for rounding (at most 1 in 100, each one a branch of the float64 replay of its draw:
+    sampler_oracles.draw_accepts), the penalty updates alike."""
     from albatross import cuda_ops, ops
 
     cuda_ops.enable_cuda_kernels()
@@ -356,11 +445,10 @@ def test_the_cuda_rejection_kernel_draws_the_twins_ids(rows: int, shape: str) ->
     assert torch.equal(actual[greedy], expected[greedy]), "greedy rows must equal the twin's argmax exactly"
     differing = (actual != expected).nonzero().flatten().tolist()
     assert len(differing) <= max(1, rows // 100), f"{len(differing)} of {rows} rows differ: {differing[:10]}"
-    kept, probs = _kept_rows(logits, pool, batch)
+    adjusted = _adjusted_rows(logits, pool, batch)
     for row in differing:
-        token = int(actual[row])
-        edge = float(probs[row][kept[row]].min())  # the kept set's smallest p: rounding may move the edge by a tie's width
-        assert bool(kept[row, token]) or float(probs[row, token]) >= edge * (1 - 1e-4), f"row {row}: kernel drew {token}, a dropped id"
+        settings = (float(batch.temperature[row]), int(batch.top_k[row]), float(batch.top_p[row]), int(batch.seed32[row]), int(batch.step[row]))
+        assert draw_accepts(adjusted[row], *settings, int(actual[row]), True), f"row {row}: kernel drew {int(actual[row])}, twin {int(expected[row])}, not a rounding boundary"
     same = (actual == expected).nonzero().flatten()
     assert torch.allclose(device_pool.penalties.cpu()[same], twin_pool.penalties[same], rtol=1e-6, atol=1e-6), "penalty update differs"
     assert torch.equal(device_pool.seen.cpu()[same], twin_pool.seen[same]), "seen mask update differs"
