@@ -202,9 +202,13 @@ class Worker:
             self._shut_down(BackendError(503, "the albatross engine is shutting down"))
         except BaseException as error:  # a dead worker must fail its requests, not hang them
             logger.exception("albatross worker %d died", self.index)
-            self._shut_down(BackendError(503, f"the albatross engine stopped: {type(error).__name__}: {error}"))
-            if self.on_death is not None:
-                self.on_death(self, error)
+            try:
+                # The engine records why it stopped before the failed requests wake their callers,
+                # so a request that follows at once is told the engine died, not that it restarts.
+                if self.on_death is not None:
+                    self.on_death(self, error)
+            finally:
+                self._shut_down(BackendError(503, f"the albatross engine stopped: {type(error).__name__}: {error}"))
         finally:
             self._release_device()
 
