@@ -156,15 +156,20 @@ class SwapConfig:
     num_warps: int = 4
     num_stages: int = 4
     group_n: int = 8  # channel blocks that walk the row blocks together (the x tiles stay in L2)
+    # How the int8 tile reaches wgmma's registers. False: Triton stages q^T's tile in shared memory
+    # and reads it back one byte per element. True: the tile as stored (wide loads), converted,
+    # then transposed as fp16 through shared memory (stmatrix / ldmatrix, a barrier per step).
+    convert_first: bool = False
 
     @property
     def name(self) -> str:
-        return f"{self.block_n}x{self.block_m}x{self.block_k} w{self.num_warps} s{self.num_stages}"
+        return f"{self.block_n}x{self.block_m}x{self.block_k} w{self.num_warps} s{self.num_stages}" + (" cf" if self.convert_first else "")
 
 
 # Every shape the benchmark measures (`bench_int8.py kernels`). All compile for sm90 with the
 # weights in wgmma's registers, pipelined loads, no register spills and under 227 KB of shared
-# memory (128 x 256 x 64 with 4 warps spills: it is left out).
+# memory (128 x 256 x 64 with 4 warps spills: it is left out). The last four are the first
+# layout's best guesses again with `convert_first`.
 SWAP_CONFIGS: tuple[SwapConfig, ...] = (
     SwapConfig(64, 32, 128, num_warps=4, num_stages=4),
     SwapConfig(64, 64, 128, num_warps=4, num_stages=4),
@@ -179,6 +184,10 @@ SWAP_CONFIGS: tuple[SwapConfig, ...] = (
     SwapConfig(64, 256, 64, num_warps=8, num_stages=4),
     SwapConfig(128, 256, 64, num_warps=8, num_stages=3),
     SwapConfig(128, 256, 64, num_warps=8, num_stages=4),
+    SwapConfig(64, 64, 128, num_warps=4, num_stages=4, convert_first=True),
+    SwapConfig(64, 128, 128, num_warps=4, num_stages=4, convert_first=True),
+    SwapConfig(128, 128, 64, num_warps=8, num_stages=4, convert_first=True),
+    SwapConfig(128, 256, 64, num_warps=8, num_stages=3, convert_first=True),
 )
 # (most rows, config), first match wins: few rows want narrow channel blocks so every SM has a
 # program; many rows want wide tiles that reuse each load.
@@ -204,7 +213,7 @@ def _w8a16_swap_kernel(
     M, N, K,
     stride_xb, stride_xm, stride_qb, stride_sb, stride_yb, stride_ym,
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_N: tl.constexpr,
-    MAGIC_FP16: tl.constexpr, EVEN_K: tl.constexpr,
+    MAGIC_FP16: tl.constexpr, EVEN_K: tl.constexpr, CONVERT_FIRST: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     batch = tl.program_id(1)
@@ -221,21 +230,32 @@ def _w8a16_swap_kernel(
     ks = tl.arange(0, BLOCK_K)
     col_ok = cols < N
     row_ok = rows < M
-    q_tile = q_ptr + batch * stride_qb + cols[:, None] + ks[None, :] * N  # [BLOCK_N, BLOCK_K] of q^T
+    if CONVERT_FIRST:  # q's tile as stored, [BLOCK_K, BLOCK_N]
+        q_tile = q_ptr + batch * stride_qb + ks[:, None] * N + cols[None, :]
+    else:  # q^T's tile, [BLOCK_N, BLOCK_K]
+        q_tile = q_ptr + batch * stride_qb + cols[:, None] + ks[None, :] * N
     x_tile = x_ptr + batch * stride_xb + rows[None, :] * stride_xm + ks[:, None]  # [BLOCK_K, BLOCK_M] of x^T
     acc = tl.zeros((BLOCK_N, BLOCK_M), dtype=tl.float32)
     for k0 in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K:  # the model's K: no mask along the reduction
-            b8 = tl.load(q_tile, mask=col_ok[:, None], other=0)
+            if CONVERT_FIRST:
+                b8 = tl.load(q_tile, mask=col_ok[None, :], other=0)
+            else:
+                b8 = tl.load(q_tile, mask=col_ok[:, None], other=0)
             xt = tl.load(x_tile, mask=row_ok[None, :], other=0.0)
         else:
             k_ok = ks + k0 * BLOCK_K < K
-            b8 = tl.load(q_tile, mask=col_ok[:, None] & k_ok[None, :], other=0)
+            if CONVERT_FIRST:
+                b8 = tl.load(q_tile, mask=k_ok[:, None] & col_ok[None, :], other=0)
+            else:
+                b8 = tl.load(q_tile, mask=col_ok[:, None] & k_ok[None, :], other=0)
             xt = tl.load(x_tile, mask=k_ok[:, None] & row_ok[None, :], other=0.0)
         if MAGIC_FP16:
             w = ((b8.to(tl.int16) + 128) | 0x6400).to(tl.float16, bitcast=True) - 1152.0
         else:
             w = b8.to(xt.dtype)
+        if CONVERT_FIRST:
+            w = tl.trans(w)
         acc = tl.dot(w, xt, acc)
         q_tile += BLOCK_K * N
         x_tile += BLOCK_K
@@ -261,7 +281,7 @@ def w8a16_swap_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, config:
         x.stride(0) if batched else 0, x.stride(-2), K * N if batched else 0, N if batched else 0,
         y.stride(0) if batched else 0, y.stride(-2),
         BLOCK_N=tile.block_n, BLOCK_M=tile.block_m, BLOCK_K=tile.block_k, GROUP_N=tile.group_n,
-        MAGIC_FP16=x.dtype == torch.float16, EVEN_K=K % tile.block_k == 0,
+        MAGIC_FP16=x.dtype == torch.float16, EVEN_K=K % tile.block_k == 0, CONVERT_FIRST=tile.convert_first,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
     )  # fmt: skip
     return y

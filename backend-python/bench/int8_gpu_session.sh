@@ -49,7 +49,7 @@ if [ "${MODEL:-1}" = 1 ]; then
 fi
 
 if [ "${KERNELS:-1}" = 1 ]; then
-  # ~60-100 s on an H200 (each implementation capped at 20 s); one JSON line per measurement,
+  # ~90 s on an H200, at most ~140 s (each implementation capped at 20 s); one JSON line per measurement,
   # appended as it is taken, so a killed run keeps its rows.
   echo "== matmul paths on the 7.2B shapes (us per call in CUDA graphs, median of 5)" | tee -a "$log"
   timeout 240 $PY bench/bench_int8.py kernels --reps 5 ${KERNEL_ROWS:+--rows "$KERNEL_ROWS"} --json "$OUT/int8_kernels.jsonl" 2>&1 \

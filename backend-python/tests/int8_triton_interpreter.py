@@ -26,6 +26,7 @@ from albatross.quant import Int8Weight, int8_mm_torch, quantize
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16}
 SMALL = int8_triton.TileConfig(16, 16, 32, group_m=2)
 SMALL_SWAP = int8_triton.SwapConfig(16, 16, 32, group_n=2)
+SMALL_SWAP_CF = int8_triton.SwapConfig(16, 16, 32, group_n=2, convert_first=True)
 
 # (name, rows, K, N, stack, activations, config or None for the row count's default, strided rows)
 CASES = [
@@ -46,6 +47,8 @@ SWAP_CASES = [
     ("swap: fp16 bytes through the 1024 mantissa", 23, 96, 80, None, "fp16", SMALL_SWAP, False),
     ("swap: a stack of three (r/k/v)", 5, 64, 32, 3, "fp16", SMALL_SWAP, False),
     ("swap: rows of a wider tensor", 9, 64, 48, None, "fp16", SMALL_SWAP, True),
+    ("swap: convert first, K and N off the tile", 17, 100, 40, None, "fp32", SMALL_SWAP_CF, False),
+    ("swap: convert first, fp16 stack", 23, 64, 80, 3, "fp16", SMALL_SWAP_CF, False),
     ("swap: default for 64 rows", 61, 128, 80, None, "fp16", None, False),
     ("swap: default for 200 rows", 200, 128, 72, None, "fp16", None, False),
 ]
