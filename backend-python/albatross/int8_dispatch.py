@@ -1,16 +1,21 @@
 """Which implementation multiplies activations by an int8 weight, by the call's row count.
 
-- 1-4 rows on a GPU: the split-K GEMV kernel (`albatross/cuda/int8_gemv.cu`), which reads each
-  weight byte once and dequantizes in registers, so a batch-1 decode step reads half the bytes of
-  fp16 weights;
-- up to `TILE_MAX_ROWS` rows on a GPU: the Triton tile kernel (`albatross/int8_triton.py`), int8
-  tiles converted to the activation dtype in registers and fed to the tensor cores;
-- more rows, or no kernel: dequantize to the activation dtype, then the float product (cuBLAS on a
-  GPU; the torch twin `quant.int8_mm_torch` on the CPU). Large matrices are dequantized a slab of
-  columns at a time, so the temporary stays under `DEQUANTIZE_SLAB` elements.
+The paths (all on a GPU with fp16/bf16 activations; anything else takes "dequantize"):
+- "gemv", 1-`GEMV_MAX_ROWS` rows: the split-K GEMV kernel (`albatross/cuda/int8_gemv.cu`), which
+  reads each weight byte once and dequantizes in registers, so a batch-1 decode step reads half
+  the bytes of fp16 weights;
+- "tile": the Triton tile kernel (`int8_triton.w8a16_mm`), int8 tiles converted in registers and
+  fed to the tensor cores as the right operand;
+- "swap": the swap-AB Triton kernel (`int8_triton.w8a16_swap_mm`), the weights as the left operand
+  (on Hopper, straight from registers into wgmma);
+- "slab": dequantize `L2_SLAB_BYTES` of output columns at a time into a buffer that stays in L2,
+  multiply each with cuBLAS (`int8_triton.slab_mm`);
+- "dequantize": dequantize the matrix (a slab of at most `DEQUANTIZE_SLAB` elements at a time),
+  then the float product (cuBLAS on a GPU; the torch twin `quant.int8_mm_torch` on the CPU).
 
-The thresholds are the measured crossovers (docs/performance.md, "int8 weights"); every path is
-tested against the twin.
+Above the GEMV's rows, `ROW_PATHS` (first match) picks the path: the one table of thresholds,
+from the measured crossovers (docs/performance.md, "int8 weights"; `bench_int8.py kernels` prints
+the table its figures suggest). Every path is tested against the twin.
 """
 
 from __future__ import annotations
@@ -23,21 +28,25 @@ from albatross import linear, ops
 from albatross.quant import Int8Weight, int8_mm_torch
 
 GEMV_MAX_ROWS = 4
-TILE_MAX_ROWS = 1024
+# (most rows, path) for more rows than the GEMV takes, first match wins.
+ROW_PATHS: tuple[tuple[int, str], ...] = ((1024, "tile"), (1 << 62, "dequantize"))
 DEQUANTIZE_SLAB = 1 << 25  # elements of one dequantized temporary (64 MB in fp16)
+L2_SLAB_BYTES = 8 << 20  # one "slab" path buffer: well inside the H200's 50 MB L2 with x and y beside it
+PATHS = ("gemv", "tile", "swap", "slab", "dequantize")
+_TRITON_PATHS = ("tile", "swap", "slab")
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 
-_allowed = {"gemv": True, "tile": True}  # benchmarks switch paths off to compare
+_allowed = dict.fromkeys(PATHS, True)  # benchmarks and tests switch paths off to compare
 _gemv_loaded = False  # latched once the int8 library has registered the op's CUDA kernel
 _triton = importlib.util.find_spec("triton") is not None
 
 
-def set_allowed(gemv: bool | None = None, tile: bool | None = None) -> None:
-    """Let products take the GEMV or the tile kernel (both by default), or keep them off."""
-    if gemv is not None:
-        _allowed["gemv"] = gemv
-    if tile is not None:
-        _allowed["tile"] = tile
+def set_allowed(gemv: bool | None = None, tile: bool | None = None, swap: bool | None = None, slab: bool | None = None) -> None:
+    """Let products take a kernel path (all are allowed by default), or keep it off: a path that is
+    off falls back to "dequantize"."""
+    for path, allowed in (("gemv", gemv), ("tile", tile), ("swap", swap), ("slab", slab)):
+        if allowed is not None:
+            _allowed[path] = allowed
 
 
 def gemv_enabled() -> bool:
@@ -49,32 +58,47 @@ def gemv_enabled() -> bool:
     return _allowed["gemv"] and _gemv_loaded
 
 
+def triton_enabled(path: str = "tile") -> bool:
+    """A Triton path ("tile", "swap", "slab"): allowed, and Triton installed (it comes with CUDA
+    builds of torch) with a GPU to run on."""
+    return _allowed[path] and _triton and torch.cuda.is_available()
+
+
 def tile_enabled() -> bool:
-    """Allowed, and Triton installed (it comes with CUDA builds of torch) with a GPU to run on."""
-    return _allowed["tile"] and _triton and torch.cuda.is_available()
+    return triton_enabled("tile")
 
 
 def enabled() -> dict[str, bool]:
-    return {"gemv": gemv_enabled(), "tile": tile_enabled()}
+    return {"gemv": gemv_enabled(), **{path: triton_enabled(path) for path in _TRITON_PATHS}}
+
+
+def row_path(rows: int) -> str:
+    """`ROW_PATHS`' path for `rows` (more than the GEMV takes), or "dequantize" where that path is off."""
+    path = next((path for most, path in ROW_PATHS if rows <= most), "dequantize")
+    return path if path == "dequantize" or triton_enabled(path) else "dequantize"
 
 
 def dequantize_above_rows(device_type: str) -> int:
-    """The most rows a product takes without dequantizing a slab (for the memory plan)."""
+    """The most rows a product takes without a dequantized temporary (for the memory plan): the
+    GEMV's, then the kernel entries of `ROW_PATHS` up to the first that dequantizes."""
     if device_type != "cuda":
         return 0
-    return TILE_MAX_ROWS if tile_enabled() else GEMV_MAX_ROWS if gemv_enabled() else 0
+    most = GEMV_MAX_ROWS if gemv_enabled() else 0
+    for bound, _ in ROW_PATHS:
+        if row_path(bound) in ("slab", "dequantize"):
+            break
+        most = max(most, bound)
+    return most
 
 
 def path_for(x: torch.Tensor, weight: Int8Weight) -> str:
-    """"gemv", "tile" or "dequantize": what `int8_mm` runs for these operands."""
+    """One of `PATHS`: what `int8_mm` runs for these operands."""
     if not (x.is_cuda and x.dtype in _KERNEL_DTYPES and x.stride(-1) == 1):
         return "dequantize"
     rows = x.shape[-2]
     if rows <= GEMV_MAX_ROWS and weight.q.shape[-1] % 16 == 0 and gemv_enabled():
         return "gemv"
-    if rows <= TILE_MAX_ROWS and tile_enabled():
-        return "tile"
-    return "dequantize"
+    return row_path(rows)
 
 
 def int8_gemv(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
@@ -86,6 +110,18 @@ def int8_tile(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
     from albatross import int8_triton  # Triton is imported only where a GPU path runs
 
     return int8_triton.w8a16_mm(x, weight.q, weight.scale)
+
+
+def int8_swap(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
+    from albatross import int8_triton
+
+    return int8_triton.w8a16_swap_mm(x, weight.q, weight.scale)
+
+
+def int8_slab(x: torch.Tensor, weight: Int8Weight, slab_bytes: int | None = None) -> torch.Tensor:
+    from albatross import int8_triton
+
+    return int8_triton.slab_mm(x, weight.q, weight.scale, L2_SLAB_BYTES if slab_bytes is None else slab_bytes)
 
 
 def _dense_product(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
@@ -112,7 +148,7 @@ def int8_dequantized(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:
     return torch.cat(parts, dim=-1)
 
 
-_PATHS = {"gemv": int8_gemv, "tile": int8_tile, "dequantize": int8_dequantized}
+_PATHS = {"gemv": int8_gemv, "tile": int8_tile, "swap": int8_swap, "slab": int8_slab, "dequantize": int8_dequantized}
 
 
 def int8_mm(x: torch.Tensor, weight: Int8Weight) -> torch.Tensor:

@@ -3,7 +3,8 @@ model-level speed against fp16. Prints tables and writes JSON.
 
     python bench/bench_int8.py accuracy --device cpu --shapes 4x256,6x512      (runs on the CPU)
     python bench/bench_int8.py accuracy --device cuda --shapes 0.4b,1.5b
-    python bench/bench_int8.py kernels --json out/int8_kernels.json           (GPU)
+    python bench/bench_int8.py kernels --reps 5 --json out/int8_kernels.jsonl (GPU; bench/int8_kernels.py)
+    python bench/bench_int8.py kernels --device cpu --matrices tiny --rows 8   (a dry run of that script)
     python bench/bench_int8.py model --shape 7.2b --json out/int8_model.json  (GPU)
 
 Accuracy is measured as the WKV state dtype was (docs/performance.md): teacher-force the greedy
@@ -17,10 +18,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -28,9 +27,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from albatross import cuda_ops, int8_dispatch, int8_triton
+import int8_kernels  # bench/ is this script's folder
+from albatross import cuda_ops, int8_dispatch
 from albatross.model import RWKV7
-from albatross.quant import LARGE_MATRICES, QMAX, Int8Weight, quantize
+from albatross.quant import LARGE_MATRICES, QMAX, quantize
 from albatross.random_checkpoint import NAMED_SHAPES, CheckpointShape, random_state_dict
 from albatross.state import StatePool
 
@@ -127,116 +127,6 @@ def _shape(name: str) -> CheckpointShape:
 
 
 # ---------------------------------------------------------------------------------------------
-# Kernels
-
-
-SHAPES_7B = {"r/k/v/output 4096x4096": (4096, 4096), "ffn key 4096x16384": (4096, 16384), "ffn value 16384x4096": (16384, 4096), "head 4096x65536": (4096, 65536)}
-KERNEL_ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 960, 2048, 4096, 16384)
-ALTERNATIVE_TILES = (
-    int8_triton.TileConfig(16, 64, 128, num_warps=4, num_stages=4),
-    int8_triton.TileConfig(32, 64, 128, num_warps=4, num_stages=4),
-    int8_triton.TileConfig(64, 128, 128, num_warps=4, num_stages=3),
-    int8_triton.TileConfig(128, 128, 64, num_warps=4, num_stages=4),
-    int8_triton.TileConfig(128, 256, 64, num_warps=8, num_stages=3),
-    int8_triton.TileConfig(256, 128, 64, num_warps=8, num_stages=3),
-)
-
-
-def _time(fn: Callable[[], object], reps: int) -> float:
-    """Median microseconds of `fn` over `reps` runs (CUDA events), after two warm-ups."""
-    for _ in range(2):
-        fn()
-    times = []
-    for _ in range(reps):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000)
-    return statistics.median(times)
-
-
-def _external_int8() -> dict[str, Callable[[torch.Tensor, torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]]:
-    """Other libraries' W8A16 products, when installed: name -> (weight [in, out] fp16) -> (x -> y)."""
-    found: dict[str, Callable[[torch.Tensor, torch.Tensor], Callable[[torch.Tensor], torch.Tensor]]] = {}
-
-    def torch_int8pack(weight: torch.Tensor, scale: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-        q = quantize(weight).q.t().contiguous()  # [out, in] int8, torch's layout
-        half_scale = scale.to(weight.dtype)
-        return lambda x: torch._weight_int8pack_mm(x, q, half_scale)
-
-    found["torch _weight_int8pack_mm"] = torch_int8pack  # a row that fails says so (no CUDA kernel in a build)
-    try:
-        from torchao.quantization import Int8WeightOnlyConfig, quantize_  # type: ignore[import-not-found]
-
-        def torchao_int8(weight: torch.Tensor, _: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-            layer = torch.nn.Linear(weight.shape[0], weight.shape[1], bias=False, device=weight.device, dtype=weight.dtype)
-            layer.weight.data = weight.t().contiguous()
-            quantize_(layer, Int8WeightOnlyConfig())
-            return layer
-
-        found["torchao int8 weight-only (eager)"] = torchao_int8
-    except Exception as error:
-        print(f"torchao not measured: {type(error).__name__}: {error}")
-    try:
-        import gemlite  # type: ignore[import-not-found]
-        from gemlite.helper import A16W8_INT8  # type: ignore[import-not-found]
-
-        def gemlite_int8(weight: torch.Tensor, _: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-            layer = torch.nn.Linear(weight.shape[0], weight.shape[1], bias=False, device=weight.device, dtype=weight.dtype)
-            layer.weight.data = weight.t().contiguous()
-            return A16W8_INT8(device=str(weight.device)).from_linear(layer)
-
-        found[f"gemlite {getattr(gemlite, '__version__', '')} A16W8"] = gemlite_int8
-    except Exception as error:
-        print(f"gemlite not measured: {type(error).__name__}: {error}")
-    return found
-
-
-def _kernel_row(
-    label: str, dense: torch.Tensor, weight: Int8Weight, others: dict[str, Callable[[torch.Tensor], torch.Tensor]], rows: int, reps: int
-) -> dict[str, object]:
-    """Every path's time for one matrix and row count (microseconds), and the best int8 one."""
-    x = torch.randn(rows, dense.shape[0], device="cuda", dtype=torch.float16)
-    row: dict[str, object] = {"matrix": label, "rows": rows}
-    row["fp16 cuBLAS"] = _time(lambda: torch.mm(x, dense), reps)
-    if rows <= int8_dispatch.GEMV_MAX_ROWS:
-        row["int8 GEMV"] = _time(lambda: int8_dispatch.int8_gemv(x, weight), reps)
-    row["int8 tile (default)"] = _time(lambda: int8_dispatch.int8_tile(x, weight), reps)
-    for config in ALTERNATIVE_TILES:
-        name = f"int8 tile {config.block_m}x{config.block_n}x{config.block_k} w{config.num_warps} s{config.num_stages}"
-        row[name] = _time(lambda config=config: int8_triton.w8a16_mm(x, weight.q, weight.scale, config), reps)  # type: ignore[misc]
-    row["int8 dequantize + cuBLAS"] = _time(lambda: int8_dispatch.int8_dequantized(x, weight), reps)
-    for name, layer in others.items():
-        try:
-            with torch.inference_mode():
-                row[name] = _time(lambda layer=layer: layer(x), reps)  # type: ignore[misc]
-        except Exception as error:
-            row[name] = f"failed: {type(error).__name__}: {str(error)[:120]}"
-    fp16 = float(row["fp16 cuBLAS"])  # type: ignore[arg-type]
-    timed = {k: v for k, v in row.items() if isinstance(v, float) and k.startswith("int8")}
-    best = min(timed, key=timed.__getitem__)
-    row["best int8"] = best
-    row["best int8 vs fp16"] = fp16 / timed[best]
-    print(f"{label:<24} rows {rows:>6}: fp16 {fp16:9.1f} us | best {best} {timed[best]:9.1f} us ({fp16 / timed[best]:.2f}x)", flush=True)
-    return row
-
-
-def kernels(reps: int, rows_list: tuple[int, ...]) -> list[dict[str, object]]:
-    results: list[dict[str, object]] = []
-    external = _external_int8()
-    for label, (K, N) in SHAPES_7B.items():
-        gen = torch.Generator(device="cuda").manual_seed(K + N)
-        dense = (torch.randn(K, N, generator=gen, device="cuda") / K**0.5).half()
-        weight = quantize(dense)
-        others = {name: make(dense, weight.scale) for name, make in external.items()}
-        results.extend(_kernel_row(label, dense, weight, others, rows, reps) for rows in rows_list)
-        torch.cuda.empty_cache()
-    return results
-
-
-# ---------------------------------------------------------------------------------------------
 # Model level
 
 
@@ -288,11 +178,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--steps", type=int, default=128)
     parser.add_argument("--shape", default="7.2b", help="model: the named shape")
-    parser.add_argument("--reps", type=int, default=20)
-    parser.add_argument("--rows", default=",".join(str(r) for r in KERNEL_ROWS))
-    parser.add_argument("--json", type=Path)
+    parser.add_argument("--reps", type=int, default=5, help="kernels: graph replays timed per row (median)")
+    parser.add_argument("--rows", default=",".join(str(r) for r in int8_kernels.DEFAULT_ROWS), help="kernels: row counts")
+    parser.add_argument("--matrices", default=",".join(int8_kernels.DEFAULT_SHAPES), help=f"kernels: of {', '.join(int8_kernels.SHAPES)}")
+    parser.add_argument("--cap", type=float, default=20.0, help="kernels: seconds each implementation may take in all")
+    parser.add_argument("--only", default="", help="kernels: comma-separated words; only implementations named with one (and fp16)")
+    parser.add_argument("--json", type=Path, help="kernels: JSON Lines, appended row by row; the others: one JSON file at the end")
     args = parser.parse_args(argv)
-    if args.what != "accuracy" or args.device == "cuda":
+    if args.what == "model" or args.device == "cuda":
         if not torch.cuda.is_available():
             raise SystemExit(f"bench_int8 {args.what} needs a CUDA GPU")
         cuda_ops.enable_cuda_kernels()
@@ -305,7 +198,10 @@ def main(argv: list[str] | None = None) -> None:
             for name, acc in table.items():
                 print(f"{name:<52}{acc['mean_logloss_diff']:>+15.2e}{acc['greedy_agreement']:>18.4f}")
     elif args.what == "kernels":
-        figures = kernels(args.reps, tuple(int(r) for r in args.rows.split(",")))
+        rows = tuple(int(r) for r in args.rows.split(","))
+        only = tuple(word for word in args.only.split(",") if word)
+        int8_kernels.kernels_main(tuple(args.matrices.split(",")), rows, args.reps, args.cap, only, args.json, args.device)
+        return
     else:
         figures = model_speed(args.shape, args.steps)
         print(f"\n{'weights':<8}{'what':<24}{'batch':>7}{'tok/s':>12}{'ms/step':>10}  vs fp16 (floor)")

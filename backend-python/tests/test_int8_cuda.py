@@ -1,7 +1,7 @@
-"""The int8 kernels on a GPU (skipped without one): the split-K GEMV (1-4 rows) and the Triton tile
-kernel (more rows) compute the twin's `x @ (q * scale)` on the 7.2B shapes and at edge sizes, the
-dispatch picks them by rows, they replay in CUDA graphs, and an int8 model decodes like the float
-one."""
+"""The int8 kernels on a GPU (skipped without one): the split-K GEMV (1-4 rows), the Triton tile and
+swap-AB kernels and the L2-slab product compute the twin's `x @ (q * scale)` on the 7.2B shapes and
+at edge sizes, the dispatch picks them as `ROW_PATHS` says, they replay in CUDA graphs, and an int8
+model decodes like the float one."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ SHAPES_7B = [(4096, 4096), (4096, 16384), (16384, 4096), (4096, 65536)]
 def kernels() -> None:
     results = cuda_ops.enable_cuda_kernels()
     assert results["int8"].how in ("prebuilt", "jit"), results["int8"].describe()
-    assert int8_dispatch.enabled() == {"gemv": True, "tile": True}
+    assert int8_dispatch.enabled() == {"gemv": True, "tile": True, "swap": True, "slab": True}
 
 
 def _operands(rows: int, K: int, N: int, dtype: torch.dtype, seed: int, stack: int | None = None) -> tuple[torch.Tensor, Int8Weight]:
@@ -141,9 +141,99 @@ def test_tile_kernel_of_a_stack_and_of_strided_rows() -> None:
 
 
 def test_many_rows_dequantize_in_slabs_and_use_cublas() -> None:
-    x, weight = _operands(int8_dispatch.TILE_MAX_ROWS + 1, 4096, 65536, torch.float16, seed=9)
-    assert int8_dispatch.path_for(x, weight) == "dequantize"
-    _check(int8_dispatch.int8_mm(x, weight), x, weight)
+    x, weight = _operands(4097, 4096, 65536, torch.float16, seed=9)
+    _check(int8_dispatch.int8_dequantized(x, weight), x, weight)
+
+
+# ---------------------------------------------------------------------------------------------
+# Swap-AB kernel, L2 slabs, and what the dispatch picks
+
+ROWS_64_UP = [64, 77, 256, 960, 1025]  # M not a multiple of any block among them
+
+
+@pytest.mark.parametrize("K, N", SHAPES_7B, ids=[f"{k}x{n}" for k, n in SHAPES_7B])
+@pytest.mark.parametrize("rows", ROWS_64_UP)
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_swap_kernel_matches_the_twin_on_the_7b_shapes(K: int, N: int, rows: int, dtype: torch.dtype) -> None:
+    x, weight = _operands(rows, K, N, dtype, seed=K + N + rows + 1)
+    _check(int8_dispatch.int8_swap(x, weight), x, weight)
+
+
+_SWAP_CASES = [(c, torch.float16) for c in int8_triton.SWAP_CONFIGS] + [(c, torch.bfloat16) for c in dict.fromkeys(c for _, c in int8_triton.SWAP_DEFAULTS)]
+
+
+@pytest.mark.parametrize("config, dtype", _SWAP_CASES, ids=[f"{c.name.replace(' ', '-')}-{str(d)[6:]}" for c, d in _SWAP_CASES])
+def test_every_swap_config_handles_ragged_edges(config: int8_triton.SwapConfig, dtype: torch.dtype) -> None:
+    """Every benchmarked config in fp16 (the bf16 conversion differs only in the defaults' kernels)."""
+    x, weight = _operands(133, 1000, 1040, dtype, seed=17)  # K off every block_k: the masked reduction
+    _check(int8_triton.w8a16_swap_mm(x, weight.q, weight.scale, config), x, weight)
+    x, weight = _operands(200, 4096, 4096, dtype, seed=18)
+    _check(int8_triton.w8a16_swap_mm(x, weight.q, weight.scale, config), x, weight)
+
+
+def test_swap_kernel_of_a_stack_and_of_strided_rows() -> None:
+    x, weight = _operands(300, 4096, 4096, torch.float16, seed=19, stack=3)  # the r/k/v bmm
+    _check(int8_dispatch.int8_swap(x, weight), x, weight)
+    wide = torch.randn(300, 8192, device=DEV, dtype=torch.bfloat16)
+    small = Int8Weight(weight.q[1], weight.scale[1])
+    _check(int8_dispatch.int8_swap(wide[:, 4096:], small), wide[:, 4096:], small)
+
+
+@pytest.mark.parametrize("K, N", SHAPES_7B, ids=[f"{k}x{n}" for k, n in SHAPES_7B])
+@pytest.mark.parametrize("slab_mb", [2, 8])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_slab_product_matches_cublas_on_the_twins_columns(K: int, N: int, slab_mb: int, dtype: torch.dtype) -> None:
+    x, weight = _operands(960, K, N, dtype, seed=K + N + slab_mb)
+    y = int8_dispatch.int8_slab(x, weight, slab_mb << 20)
+    _check(y, x, weight)
+    dense = weight.dequantize(dtype)  # the twin's matrix, bit for bit what each slab multiplies
+    columns = min(N, (slab_mb << 20) // (2 * K) // 16 * 16)
+    for start in (0, (N // columns - 1) * columns):
+        part = torch.mm(x, dense[:, start : start + columns].contiguous()).float()
+        error = float((y[:, start : start + columns].float() - part).abs().max() / part.abs().max())
+        assert error <= TOLERANCE[dtype] / 4, f"slab at column {start}: {error:.2e} from cuBLAS on the same columns"
+
+
+def test_slab_product_of_a_stack_and_of_strided_rows() -> None:
+    x, weight = _operands(257, 4096, 4096, torch.bfloat16, seed=20, stack=3)
+    _check(int8_dispatch.int8_slab(x, weight, 4 << 20), x, weight)  # 170 columns of three matrices a slab
+    wide = torch.randn(70, 8192, device=DEV, dtype=torch.float16)
+    small = Int8Weight(weight.q[2], weight.scale[2])
+    _check(int8_dispatch.int8_slab(wide[:, :4096], small, 2 << 20), wide[:, :4096], small)
+
+
+@pytest.mark.parametrize("table", [((1024, "swap"), (1 << 62, "slab")), ((256, "tile"), (2048, "slab"), (1 << 62, "dequantize"))], ids=str)
+def test_the_dispatch_runs_what_the_table_says(table: tuple[tuple[int, str], ...], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(int8_dispatch, "ROW_PATHS", table)
+    ran: list[str] = []
+    for name in ("tile", "swap", "slab", "dequantize"):
+        original = int8_dispatch._PATHS[name]
+        monkeypatch.setitem(int8_dispatch._PATHS, name, lambda x, w, name=name, original=original: ran.append(name) or original(x, w))
+    for rows in (3, 100, 256, 1000, 3000):
+        x, weight = _operands(rows, 512, 1024, torch.float16, seed=rows)
+        expected = "gemv" if rows <= int8_dispatch.GEMV_MAX_ROWS else next(p for most, p in table if rows <= most)
+        assert int8_dispatch.path_for(x, weight) == expected
+        _check(linear.mm(x, weight), x, weight)
+    assert ran == [int8_dispatch.row_path(rows) for rows in (100, 256, 1000, 3000)]
+
+
+@pytest.mark.parametrize("path", ["swap", "slab"])
+def test_swap_and_slab_replay_from_a_cuda_graph(path: str) -> None:
+    x, weight = _operands(960, 4096, 4096, torch.float16, seed=21, stack=3)
+    product = int8_dispatch._PATHS[path]
+    eager = product(x, weight)
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        product(x, weight)  # compiles outside the capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        replayed = product(x, weight)
+    x.copy_(torch.randn_like(x))  # new inputs in the same buffer, as the decode graphs get them
+    graph.replay()
+    _check(replayed, x, weight)
+    assert not torch.equal(replayed, eager)
 
 
 # ---------------------------------------------------------------------------------------------

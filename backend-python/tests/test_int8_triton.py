@@ -1,6 +1,7 @@
-"""The W8A16 Triton tile kernel under Triton's CPU interpreter (a child process, since
-TRITON_INTERPRET must be set before the kernel is decorated): every case matches the torch twin
-(dequantize, then the product) on random inputs. On a GPU, test_int8_cuda.py runs it for real."""
+"""The W8A16 Triton kernels under Triton's CPU interpreter (a child process, since TRITON_INTERPRET
+must be set before the kernels are decorated): the tile kernel, the swap-AB kernel and the L2-slab
+product match the torch twin (dequantize, then the product) on random inputs, and the dequantizers
+equal it bit for bit. On a GPU, test_int8_cuda.py runs them for real."""
 
 from __future__ import annotations
 
@@ -25,10 +26,12 @@ def cases() -> list[dict[str, object]]:
 
 
 def test_every_case_ran(cases: list[dict[str, object]]) -> None:
-    assert len(cases) == 13, [c["name"] for c in cases]
+    names = [str(c["name"]) for c in cases]
+    assert len(cases) == 9 + 9 + 4 + 16, names
+    assert sum(name.startswith("swap:") for name in names) == 9 and sum(name.startswith("slab:") for name in names) == 4
 
 
-def test_the_tile_kernel_matches_the_twin(cases: list[dict[str, object]]) -> None:
+def test_the_tile_swap_and_slab_products_match_the_twin(cases: list[dict[str, object]]) -> None:
     for case in cases:
         if "exact" in case:
             continue
@@ -37,6 +40,12 @@ def test_the_tile_kernel_matches_the_twin(cases: list[dict[str, object]]) -> Non
         assert float(case["error"]) <= TOLERANCE[str(case["act"])], f"{case['name']}: error {case['error']:.2e}"
 
 
-def test_the_dequantize_kernel_equals_the_twin_bit_for_bit(cases: list[dict[str, object]]) -> None:
+def test_the_dequantize_kernels_equal_the_twin_bit_for_bit(cases: list[dict[str, object]]) -> None:
     dequantized = [case for case in cases if "exact" in case]
-    assert len(dequantized) == 4 and all(case["exact"] for case in dequantized), dequantized
+    assert len(dequantized) == 16 and all(case["exact"] for case in dequantized), [c for c in dequantized if not c["exact"]]
+
+
+def test_each_slab_is_the_product_with_the_twins_own_columns(cases: list[dict[str, object]]) -> None:
+    slabs = [case for case in cases if "slab_exact" in case]
+    assert [case["slabs"] for case in slabs] == [5, 1, 3, 3], slabs
+    assert all(case["slab_exact"] for case in slabs), [c["name"] for c in slabs if not c["slab_exact"]]

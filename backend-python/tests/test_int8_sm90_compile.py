@@ -1,0 +1,38 @@
+"""The swap-AB kernel's design holds in what Triton builds for sm90, checked without a GPU (the
+compiler and ptxas come with the triton wheel): for the row-count defaults, in fp16 and bf16, the
+weights are wgmma's register operand with products left in flight, the loads are pipelined, no
+register spills and the shared memory fits. test_int8_cuda.py measures nothing; bench_int8.py
+kernels times every config on the GPU. Checked here: the defaults and one `convert_first` config
+(`SWAP_CONFIGS` all pass too: run with INT8_SM90_ALL=1)."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from albatross import int8_triton
+from triton_sm90 import SM90_SHARED_BYTES, compile_sm90
+
+_CHECKED = (*(c for _, c in int8_triton.SWAP_DEFAULTS), next(c for c in int8_triton.SWAP_CONFIGS if c.convert_first))
+CONFIGS = int8_triton.SWAP_CONFIGS if os.environ.get("INT8_SM90_ALL") == "1" else tuple(dict.fromkeys(_CHECKED))
+
+
+def _signature(dtype: str) -> dict[str, str]:
+    pointers = {"x_ptr": f"*{dtype}", "q_ptr": "*i8", "scale_ptr": "*fp32", "y_ptr": f"*{dtype}"}
+    integers = dict.fromkeys(("M", "N", "K", "stride_xb", "stride_xm", "stride_qb", "stride_sb", "stride_yb", "stride_ym"), "i32")
+    constants = dict.fromkeys(("BLOCK_N", "BLOCK_M", "BLOCK_K", "GROUP_N", "MAGIC_FP16", "EVEN_K", "CONVERT_FIRST"), "constexpr")
+    return {**pointers, **integers, **constants}
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.name.replace(" ", "-"))
+def test_the_weights_feed_wgmma_from_registers(config: int8_triton.SwapConfig, dtype: str) -> None:
+    constexprs = {"BLOCK_N": config.block_n, "BLOCK_M": config.block_m, "BLOCK_K": config.block_k, "GROUP_N": config.group_n,
+                  "MAGIC_FP16": dtype == "fp16", "EVEN_K": True, "CONVERT_FIRST": config.convert_first}  # fmt: skip
+    build = compile_sm90(int8_triton._w8a16_swap_kernel, _signature(dtype), constexprs, config.num_warps, config.num_stages)
+    assert build.wgmma > 0 and build.left_in_registers, build
+    assert build.most_in_flight >= 1, f"every product waited for: {build}"
+    assert build.async_copies > 0, f"loads not pipelined: {build}"
+    assert build.spill_bytes == 0 and 0 < build.registers <= 255, build
+    assert build.shared_bytes <= SM90_SHARED_BYTES, build
