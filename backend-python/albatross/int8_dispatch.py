@@ -27,11 +27,17 @@ import torch
 from albatross import linear, ops
 from albatross.quant import Int8Weight, int8_mm_torch
 
-GEMV_MAX_ROWS = 4
+# Measured on the H200 (docs/performance.md, "Session 5"; 7.2B products, CUDA graphs over rotated
+# weights): at 1 row the GEMV runs at 1.03-1.53x of fp16 cuBLAS, at 4 rows 0.48-0.83x where the
+# tile kernel runs at 0.75-0.90x; 2 rows (not measured) stays with the GEMV, whose cost barely
+# grows from 1 row to 2. From 5 to 1,024 rows the swap-AB kernel with SWAP_DEFAULTS' configs beats
+# the tile kernel everywhere (64 rows 0.61-1.13x against 0.39-0.96x; 960 rows 0.81-0.83x against
+# 0.50-0.52x); above, the 16 MB slab path (0.82-0.93x at 4,096 rows against 0.67-0.90x).
+GEMV_MAX_ROWS = 2
 # (most rows, path) for more rows than the GEMV takes, first match wins.
-ROW_PATHS: tuple[tuple[int, str], ...] = ((1024, "tile"), (1 << 62, "dequantize"))
+ROW_PATHS: tuple[tuple[int, str], ...] = ((1024, "swap"), (1 << 62, "slab"))
 DEQUANTIZE_SLAB = 1 << 25  # elements of one dequantized temporary (64 MB in fp16)
-L2_SLAB_BYTES = 8 << 20  # one "slab" path buffer: well inside the H200's 50 MB L2 with x and y beside it
+L2_SLAB_BYTES = 16 << 20  # one "slab" path buffer: inside the H200's 50 MB L2 with x and y beside it (16 MB beat 8 and 2)
 PATHS = ("gemv", "tile", "swap", "slab", "dequantize")
 _TRITON_PATHS = ("tile", "swap", "slab")
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16)
