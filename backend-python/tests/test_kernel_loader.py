@@ -331,7 +331,7 @@ BUILT = tuple(name for name in kernel_build.KERNEL_SOURCES if name not in AWAITI
 # GPU (binaries come only from the lead's build_kernels.py run): a GPU JIT-builds them meanwhile.
 # The rebuild makes them fresh, and test_repository_binaries_were_built_from_this_checkouts_sources
 # then asks for this set to be emptied.
-AWAITING_REBUILD: frozenset[str] = frozenset({"fused", "int8"})
+AWAITING_REBUILD: frozenset[str] = frozenset()
 FRESH = tuple(name for name in BUILT if name not in AWAITING_REBUILD)
 
 
