@@ -113,6 +113,31 @@ def profile_decode(model: RWKV7, pool: StatePool, batch: int, steps: int = 3) ->
     return _kernel_table(prof)
 
 
+def profile_graph_decode(model: RWKV7, pool: StatePool, batch: int, replays: int = 10) -> str:
+    """Where a captured decode step's GPU time goes (the kernels of `replays` graph replays, no
+    sampling): how the batch-1 LoRA stacking and the vectorised layer norm were found."""
+    from torch.profiler import ProfilerActivity, profile
+
+    runner = DecodeGraphRunner(model, pool, scratch_slot=pool.batch_size - 1, buckets=[batch])
+    slots = torch.arange(batch, device=model.device)
+    tokens = torch.ones(batch, dtype=torch.int64, device=model.device)
+    for _ in range(3):
+        runner.decode(slots, tokens)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(replays):
+            runner.decode(slots, tokens)
+        torch.cuda.synchronize()
+    del runner
+    kernels = [e for e in prof.key_averages() if getattr(e, "self_device_time_total", 0) > 0]
+    kernels.sort(key=lambda e: -e.self_device_time_total)
+    total = sum(e.self_device_time_total for e in kernels)
+    lines = [f"{total / 1e3 / replays:.3f} ms of kernels a step, {sum(e.count for e in kernels) // replays} kernels a step"]
+    lines += [f"{e.self_device_time_total / 1e3 / replays:8.3f} ms {e.count // replays:5d}x {e.self_device_time_total / max(1, e.count):7.1f} us  {e.key[:100]}"
+              for e in kernels[:20]]  # fmt: skip
+    return "\n".join(lines)
+
+
 def profile_prefill(model: RWKV7, pool: StatePool, prompts: int, length: int) -> str:
     """Where a prefill call's GPU time goes: `prompts` chunks of `length` tokens in one forward."""
     from torch.profiler import ProfilerActivity, profile
@@ -205,6 +230,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--accuracy-shape", default="0.4b", choices=sorted(NAMED_SHAPES))
     parser.add_argument("--profile-batches", default="", help="print a kernel profile of eager decode at these batches")
     parser.add_argument("--profile-prefill", default="", help="kernel profiles of one prefill call, e.g. 8x512,64x512")
+    parser.add_argument("--profile-graph-batches", default="", help="kernel profiles of captured decode steps (fp16 state) at these batches")
     parser.add_argument("--skip-accuracy", action="store_true")
     parser.add_argument("--wkv-chunked", default="on", help="prefill with the chunked WKV kernel where its policy says (on), "
                         "never (off), or both in turn (on,off)")
@@ -252,6 +278,8 @@ def main(argv: list[str] | None = None) -> None:
                 del runner
                 linear.set_gemv_allowed(linear.GEMV_BY_DEFAULT)
         if state_dtype == torch.float16:
+            for batch in [int(b) for b in args.profile_graph_batches.split(",") if b]:
+                print(f"\n== profile: graph decode, batch {batch}, fp16 state, {args.shape}\n{profile_graph_decode(model, pool, batch)}", flush=True)
             fp16_graph_batches = [int(b) for b in args.fp16_graph_batches.split(",") if b and int(b) < pool.batch_size]
             if fp16_graph_batches:  # what the engine runs: a captured step per bucket, fp16 state
                 runner = DecodeGraphRunner(model, pool, scratch_slot=pool.batch_size - 1, buckets=fp16_graph_batches)
