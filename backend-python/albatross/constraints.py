@@ -82,20 +82,6 @@ def vocabulary_bytes(tokenizer: Tokenizer) -> list[bytes]:
     return rows
 
 
-# llguidance's "slices": token sets precomputed per regex, OR-ed into a mask wherever the lexer
-# state allows every string of the regex, so only the rest of the vocabulary is walked. Its
-# default JSON slices are runs of 1-10, 1-30 and any number of string characters; inside a string
-# with `maxLength`, once fewer than 30 characters are left only the 1-10 one applies. Finer steps
-# measured 43-48% less time per mask along maxLength 24 and 32 strings (this machine, one thread:
-# 426 -> 241 and 317 -> 165 us), with the same masks bit for bit (tests/test_constraints.py).
-STRING_RUN_SLICES = (1, 2, 3, 4, 5, 6, 8, 10, 12, 16, 20, 24, 30)
-_STRING_CHAR = r'[^"\\\x00-\x1F\x7F]'
-GRAMMAR_SLICES: tuple[str, ...] = (
-    r"[\x20\x0A\x0D\x09]+",
-    *(f"{_STRING_CHAR}{{1,{n}}}" for n in STRING_RUN_SLICES),
-    f"{_STRING_CHAR}+",
-)
-
 _grammar_tokenizers: dict[Path, llguidance.LLTokenizer] = {}
 _grammar_tokenizers_lock = threading.Lock()
 
@@ -107,7 +93,7 @@ def grammar_tokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
         built = _grammar_tokenizers.get(tokenizer.vocab_path)
         if built is None:
             wrapper = llguidance.TokenizerWrapper(_VocabularyView(tokenizer))
-            built = llguidance.LLTokenizer(wrapper, n_vocab=VOCAB_SIZE, eos_token=END_OF_TEXT, slices=list(GRAMMAR_SLICES))
+            built = llguidance.LLTokenizer(wrapper, n_vocab=VOCAB_SIZE, eos_token=END_OF_TEXT)
             _grammar_tokenizers[tokenizer.vocab_path] = built
         return built
 

@@ -165,35 +165,6 @@ def test_matchers_take_the_shards_in_turn_and_each_shard_is_compiled_at_its_firs
     assert lexer_shards() >= 1 and constraints.ConstraintCompiler(get_tokenizer()).compile("start: \"a\"\n").shards_built() == 1
 
 
-def test_the_finer_string_slices_give_the_library_defaults_masks_bit_for_bit(compiler: ConstraintCompiler) -> None:
-    """GRAMMAR_SLICES only adds run lengths to llguidance's own JSON slices; slices are an
-    optimisation, so every mask must equal the one computed with the library's defaults."""
-    import llguidance
-
-    assert set(llguidance.LLTokenizer.json_slices()) <= set(constraints.GRAMMAR_SLICES)
-    tokenizer = get_tokenizer()
-    ours = constraints.grammar_tokenizer(tokenizer)
-    defaults = ours.with_slices(llguidance.LLTokenizer.json_slices())
-    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 24}, "b": {"type": "string", "minLength": 2, "maxLength": 7},
-              "c": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3}}, "required": ["a", "b", "c"]}  # fmt: skip
-    grammar = llguidance.LLMatcher.grammar_from_lark(json_schema_grammar(schema))
-    short = [i for i in range(1, 65530) if len(tokenizer.token_bytes(i)) == 1]
-    for seed in range(3):
-        rng = random.Random(seed)
-        fast, slow = llguidance.LLMatcher(ours, grammar, log_level=0), llguidance.LLMatcher(defaults, grammar, log_level=0)
-        rows = np.zeros((2, MASK_WORDS), dtype=np.int32)
-        for _ in range(120):
-            fast.unsafe_compute_mask_ptr(rows[0].ctypes.data, rows[0].nbytes)
-            slow.unsafe_compute_mask_ptr(rows[1].ctypes.data, rows[1].nbytes)
-            assert np.array_equal(rows[0], rows[1])
-            ids = allowed_ids(rows[0])
-            if fast.is_stopped() or not len(ids):
-                break
-            one_byte = np.intersect1d(ids, short)  # mostly single characters: the walk dwells inside strings
-            token = int(rng.choice(one_byte if len(one_byte) and rng.random() < 0.7 else ids))
-            assert fast.consume_token(token) and slow.consume_token(token)
-
-
 def test_a_refused_token_fails_the_matcher_and_its_mask_raises(compiler: ConstraintCompiler) -> None:
     matcher = compiler.compile(json_schema_grammar({"type": "boolean"})).matcher()
     assert not matcher.advance(get_tokenizer().encode("x")[0])
