@@ -34,7 +34,9 @@ the decode CUDA graphs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 import triton
@@ -61,11 +63,16 @@ CONFIGS: tuple[tuple[int, TileConfig], ...] = (
 )
 
 
+_Value = TypeVar("_Value")
+
+
+def first_fit(table: Sequence[tuple[int, _Value]], rows: int) -> _Value:
+    """The value of a (most rows, value) table's first entry that holds `rows` (else its last)."""
+    return next((value for most, value in table if rows <= most), table[-1][1])
+
+
 def config_for(rows: int) -> TileConfig:
-    for most, config in CONFIGS:
-        if rows <= most:
-            return config
-    return CONFIGS[-1][1]
+    return first_fit(CONFIGS, rows)
 
 
 @triton.jit
@@ -202,10 +209,7 @@ SWAP_DEFAULTS: tuple[tuple[int, SwapConfig], ...] = (
 
 
 def swap_config_for(rows: int) -> SwapConfig:
-    for most, config in SWAP_DEFAULTS:
-        if rows <= most:
-            return config
-    return SWAP_DEFAULTS[-1][1]
+    return first_fit(SWAP_DEFAULTS, rows)
 
 
 @triton.jit
