@@ -128,22 +128,31 @@ def _check_operands(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor) -> No
         raise ValueError("x must have unit stride along its last dimension")
 
 
-def w8a16_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, config: TileConfig | None = None) -> torch.Tensor:
-    """x `[M, K]` @ q `[K, N]` (or `[B, M, K]` @ `[B, K, N]`) times `scale [N]` (`[B, N]`)."""
+def _product_frame(
+    x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor
+) -> tuple[int, int, int, int, torch.Tensor, tuple[int, int, int, int, int, int]]:
+    """Both kernels' frame: the checked operands' (B, M, K, N), the output y, and the strides
+    (x's batch and row, q's batch, scale's batch, y's batch and row; 0 for an unbatched operand)."""
     _check_operands(x, q, scale)
     batched = q.dim() == 3
     B = q.shape[0] if batched else 1
     M, K, N = x.shape[-2], q.shape[-2], q.shape[-1]
     y = torch.empty((*x.shape[:-1], N), dtype=x.dtype, device=x.device)
+    strides = (x.stride(0) if batched else 0, x.stride(-2), K * N if batched else 0, N if batched else 0,
+               y.stride(0) if batched else 0, y.stride(-2))  # fmt: skip
+    return B, M, K, N, y, strides
+
+
+def w8a16_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, config: TileConfig | None = None) -> torch.Tensor:
+    """x `[M, K]` @ q `[K, N]` (or `[B, M, K]` @ `[B, K, N]`) times `scale [N]` (`[B, N]`)."""
+    B, M, K, N, y, strides = _product_frame(x, q, scale)
     if M == 0:
         return y
     tile = config or config_for(M)
     grid = (triton.cdiv(M, tile.block_m) * triton.cdiv(N, tile.block_n), B)
     _w8a16_kernel[grid](
         x, q, scale, y,
-        M, N, K,
-        x.stride(0) if batched else 0, x.stride(-2), K * N if batched else 0, N if batched else 0,
-        y.stride(0) if batched else 0, y.stride(-2),
+        M, N, K, *strides,
         BLOCK_M=tile.block_m, BLOCK_N=tile.block_n, BLOCK_K=tile.block_k, GROUP_M=tile.group_m,
         MAGIC_FP16=x.dtype == torch.float16,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
@@ -271,20 +280,14 @@ def _w8a16_swap_kernel(
 
 def w8a16_swap_mm(x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, config: SwapConfig | None = None) -> torch.Tensor:
     """`w8a16_mm`'s product, computed as `y^T = (scale * q^T) x^T` (same operands, same result)."""
-    _check_operands(x, q, scale)
-    batched = q.dim() == 3
-    B = q.shape[0] if batched else 1
-    M, K, N = x.shape[-2], q.shape[-2], q.shape[-1]
-    y = torch.empty((*x.shape[:-1], N), dtype=x.dtype, device=x.device)
+    B, M, K, N, y, strides = _product_frame(x, q, scale)
     if M == 0:
         return y
     tile = config or swap_config_for(M)
     grid = (triton.cdiv(N, tile.block_n) * triton.cdiv(M, tile.block_m), B)
     _w8a16_swap_kernel[grid](
         x, q, scale, y,
-        M, N, K,
-        x.stride(0) if batched else 0, x.stride(-2), K * N if batched else 0, N if batched else 0,
-        y.stride(0) if batched else 0, y.stride(-2),
+        M, N, K, *strides,
         BLOCK_N=tile.block_n, BLOCK_M=tile.block_m, BLOCK_K=tile.block_k, GROUP_N=tile.group_n,
         MAGIC_FP16=x.dtype == torch.float16, EVEN_K=K % tile.block_k == 0, CONVERT_FIRST=tile.convert_first,
         num_warps=tile.num_warps, num_stages=tile.num_stages,
