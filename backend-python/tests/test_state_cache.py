@@ -128,6 +128,32 @@ def test_prefix_cache_states_reach_disk_only_on_flush(make_cache, db_path: Path)
     assert ("model-a", "prefix:abc") in rows_on_disk(db_path), "flush must write every memory entry"
 
 
+def test_a_bounded_close_drops_what_it_could_not_write_and_still_closes(
+    make_cache, db_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A worker process's shutdown: the flush may take `timeout` seconds, then what is unwritten
+    is dropped. The writer is held at its disk lock, so no write can finish within the budget."""
+    cache = make_cache()
+    for index in range(4):
+        cache.put(f"prefix:{index}", random_state(index))
+    cache.wait_persisted(timeout=10)
+    closed = threading.Event()
+    with cache._disk_order:  # the writer waits here for every write
+        closer = threading.Thread(target=lambda: (cache.close(timeout=0.05), closed.set()))
+        with caplog.at_level(logging.WARNING):
+            closer.start()
+            for _ in range(1000):  # until the flush gave up and dropped the queued writes
+                with cache._lock:
+                    if cache._pending == {} and "shutdown budget ran out" in caplog.text:
+                        break
+                threading.Event().wait(0.01)
+    closer.join(timeout=30)
+    assert closed.is_set(), "close returned"
+    assert "closing with 4 states not written" in caplog.text, caplog.text
+    assert not rows_on_disk(db_path), "no write could start: the writer skipped every dropped job"
+    cache.close()  # idempotent
+
+
 def test_a_prefix_state_falling_out_of_host_memory_is_dropped_not_written(make_cache, db_path: Path) -> None:
     cache = make_cache(l1=ENTRY_BYTES, l2=ENTRY_BYTES)
     for index in range(3):

@@ -331,12 +331,22 @@ class StateCache(Generic[StateT]):
                         self._enqueue(key, entry.state, entry.last_updated, entry.landed, borrowed=entry.slot is not None, seq=entry.seq)
         return self.wait_persisted(timeout=timeout)
 
-    def close(self) -> None:
-        """Flushes, stops the writer thread and closes the database. Idempotent."""
+    def close(self, timeout: float | None = None) -> None:
+        """Flushes, stops the writer thread and closes the database. Idempotent. `timeout`: the
+        seconds the flush may take; what is still unwritten then is dropped with a warning (a
+        worker process's own prefix cache at shutdown: its states are named by their content and
+        only save a later prefill, while the server kills a worker that does not stop in time).
+        None waits for every write."""
         with self._lock:
             if self._closed:
                 return
-        self.flush()
+        if not self.flush(timeout):
+            with self._changed:
+                dropped = len(self._pending)
+                self._pending.clear()  # the writer skips jobs that are no longer pending
+                self._changed.notify_all()
+            logger.warning("state cache: closing with %d states not written to %s: the %.0f s shutdown budget ran out",
+                           dropped, self.location, timeout)  # fmt: skip
         with self._lock:
             self._closed = True
         self._queue.put(None)
