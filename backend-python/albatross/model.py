@@ -409,9 +409,15 @@ def _normed_embedding(convert: _Converter, config: ModelConfig, dtype: torch.dty
     return out
 
 
-def lora_stack_rank(ranks: Sequence[int]) -> int:
-    """The rank the stacked LoRAs are padded to (memory_plan counts the padding from this)."""
-    return max(ranks)
+def stacked_lora_padding(config: ModelConfig) -> int:
+    """Elements of zeros the stacked LoRAs hold beyond the checkpoint's (the memory plan counts
+    them): per block, its value LoRA (blocks 1+), decay and in-context-rate LoRAs, down and up,
+    each padded to the largest of their ranks."""
+    total = 0
+    for layer in range(config.n_layer):
+        ranks = ([config.value_rank] if layer > 0 else []) + [config.decay_rank, config.a_rank]
+        total += sum(max(ranks) - rank for rank in ranks) * 2 * config.n_embd
+    return total
 
 
 def _stack_loras(
@@ -419,7 +425,7 @@ def _stack_loras(
 ) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
     """`[n, C, R]` and `[n, R, C]` stacks, zero beyond each LoRA's own rank (zero hidden
     columns meet zero rows: the padding adds exact zeros), and the views of each LoRA in them."""
-    rank = lora_stack_rank([d.shape[1] for d in downs])
+    rank = max(d.shape[1] for d in downs)
     width = downs[0].shape[0]
     down = torch.zeros((len(downs), width, rank), dtype=downs[0].dtype, device=downs[0].device)
     up = torch.zeros((len(ups), rank, width), dtype=ups[0].dtype, device=ups[0].device)
@@ -442,12 +448,11 @@ def _convert_layer(convert: _Converter, index: int) -> LayerWeights:
                 convert.bar.update(1)
     optional = convert.take_optional
     rkv = convert.take_matrices([a + name for name in ("receptance.weight", "key.weight", "value.weight")])
+    # The stack's order (value first where a block has one) is what _time_mix reads: (w, a) last.
     v1, v2 = optional(a + "v1"), optional(a + "v2")
-    names = (["v"] if v1 is not None else []) + ["w", "a"]
-    downs = {"v": v1, "w": take(a + "w1"), "a": take(a + "a1")}
-    ups = {"v": v2, "w": take(a + "w2"), "a": take(a + "a2")}
-    lora_down, lora_up, down_views, up_views = _stack_loras([downs[n] for n in names], [ups[n] for n in names])  # type: ignore[misc]
-    view = dict(zip(names, zip(down_views, up_views)))
+    value = [] if v1 is None or v2 is None else [(v1, v2)]
+    loras = [*value, (take(a + "w1"), take(a + "w2")), (take(a + "a1"), take(a + "a2"))]
+    lora_down, lora_up, downs, ups = _stack_loras([down for down, _ in loras], [up for _, up in loras])
     return LayerWeights(
         ln1_weight=take(p + "ln1.weight"),
         ln1_bias=take(p + "ln1.bias"),
@@ -455,14 +460,14 @@ def _convert_layer(convert: _Converter, index: int) -> LayerWeights:
         ln2_bias=take(p + "ln2.bias"),
         att_mix=convert.take_stacked([a + name for name in _ATT_MIX]),
         w0=take(a + "w0"),
-        w1=view["w"][0],
-        w2=view["w"][1],
+        w1=downs[-2],
+        w2=ups[-2],
         a0=take(a + "a0"),
-        a1=view["a"][0],
-        a2=view["a"][1],
+        a1=downs[-1],
+        a2=ups[-1],
         v0=optional(a + "v0"),
-        v1=view["v"][0] if "v" in view else None,
-        v2=view["v"][1] if "v" in view else None,
+        v1=downs[0] if value else None,
+        v2=ups[0] if value else None,
         g1=take(a + "g1"),
         g2=take(a + "g2"),
         lora_down=lora_down,

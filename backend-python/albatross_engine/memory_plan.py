@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from albatross.checkpoint import ModelConfig, expected_shapes
 from albatross.int8_dispatch import DEQUANTIZE_SLAB
-from albatross.model import lora_stack_rank
+from albatross.model import stacked_lora_padding
 from albatross.quant import LARGE_MATRICES, WEIGHT_FORMATS
 from albatross_engine.device_step import graph_buckets
 
@@ -141,17 +141,7 @@ def weight_bytes(config: ModelConfig, weights: str, dtype_bytes: int) -> int:
             total += count + 4 * shape[0]  # checkpoint matrices are [out, in]
         else:
             total += count * dtype_bytes
-    return total + lora_padding(config) * dtype_bytes
-
-
-def lora_padding(config: ModelConfig) -> int:
-    """Elements of zeros the model's stacked LoRAs hold beyond the checkpoint's (albatross.model:
-    the value, decay and in-context-rate LoRAs of a block padded to one rank)."""
-    total = 0
-    for layer in range(config.n_layer):
-        ranks = ([config.value_rank] if layer > 0 else []) + [config.decay_rank, config.a_rank]
-        total += sum(lora_stack_rank(ranks) - rank for rank in ranks) * 2 * config.n_embd
-    return total
+    return total + stacked_lora_padding(config) * dtype_bytes
 
 
 def state_bytes(request: MemoryRequest) -> int:
