@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -40,7 +40,7 @@ logger = logging.getLogger(__name__)
 class _Fill:
     issued: IssuedStep
     live: list[tuple[int, EngineTask, TokenMatcher]]  # (masked row, task, its matcher) at the start
-    failed: Future[tuple[list[int], float]]  # positions in `live` whose matcher failed, and the fill's seconds
+    result: Callable[[], tuple[list[int], float]]  # positions in `live` whose matcher failed, and the fill's seconds
 
 
 class GrammarMasks:
@@ -55,44 +55,45 @@ class GrammarMasks:
         """Begin filling `issued`'s masks on a thread; nothing for a step without masked rows."""
         if issued.masked is None or self._pending is not None:
             return
-        live, rows = self._live(issued)
+        live, pairs, rows = self._live(issued)
         if self._thread is None:
             self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="grammar-masks")
-        fill = bitmask_fill([(matcher, k) for k, (_, _, matcher) in enumerate(live)], rows)  # the states, taken here
-        self._pending = _Fill(issued, live, self._thread.submit(_timed, fill))
+        fill = bitmask_fill(pairs, rows)  # the matchers' states, taken here
+        self._pending = _Fill(issued, live, self._thread.submit(_timed, fill).result)
 
     def sample(self, issued: IssuedStep) -> None:
         """Fill the masks of `issued`'s masked rows (or wait for the fill `start` began) and sample
         them; nothing for a step without."""
         pending, self._pending = self._pending, None
+        if pending is not None and pending.issued is not issued:
+            _wait_quietly(pending)  # it writes the rows this step's masks reuse
+            pending = None
         if issued.masked is None:
             return
-        if pending is None or pending.issued is not issued:
-            live, rows = self._live(issued)
-            done: Future[tuple[list[int], float]] = Future()
-            try:
-                done.set_result(_timed(bitmask_fill([(matcher, k) for k, (_, _, matcher) in enumerate(live)], rows)))
-            except Exception as error:
-                done.set_exception(error)
-            pending = _Fill(issued, live, done)
+        if pending is None:
+            live, pairs, rows = self._live(issued)
+            pending = _Fill(issued, live, lambda: _timed(bitmask_fill(pairs, rows)))
         self._finish(pending)
 
     def close(self) -> None:
         if self._thread is not None:
             self._thread.shutdown(wait=True)
 
-    def _live(self, issued: IssuedStep) -> tuple[list[tuple[int, EngineTask, TokenMatcher]], np.ndarray]:
+    def _live(
+        self, issued: IssuedStep
+    ) -> tuple[list[tuple[int, EngineTask, TokenMatcher]], list[tuple[TokenMatcher, int]], np.ndarray]:
+        """The masked rows whose task still runs, their (matcher, mask row) pairs, the host rows."""
         masked = issued.masked
         assert masked is not None
         live = [(n, task, task.matcher) for n, task in enumerate(masked.tasks) if task.matcher is not None and not task.finished]
-        return live, self.device_step.mask_rows(len(live))
+        return live, [(matcher, k) for k, (_, _, matcher) in enumerate(live)], self.device_step.mask_rows(len(live))
 
     def _finish(self, fill: _Fill) -> None:
         masked = fill.issued.masked
         assert masked is not None
         seconds = 0.0
         try:
-            positions, seconds = fill.failed.result()
+            positions, seconds = fill.result()
             failed = set(positions)
         except Exception as error:  # the library itself failed: every one of these grammars is lost
             logger.exception("filling %d grammar masks failed", len(fill.live))
@@ -110,6 +111,13 @@ class GrammarMasks:
                 mask_index[n] = k
         self.metrics.record_masks(len(fill.live) - len(failed), seconds)
         self.device_step.sample_masked(fill.issued, mask_index, len(fill.live))
+
+
+def _wait_quietly(fill: _Fill) -> None:
+    try:
+        fill.result()
+    except Exception:  # its step is not sampled from these masks: its outcome no longer matters
+        logger.debug("an abandoned grammar-mask fill failed", exc_info=True)
 
 
 def _timed(fill: Callable[[], list[int]]) -> tuple[list[int], float]:
