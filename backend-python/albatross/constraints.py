@@ -34,8 +34,8 @@ import json
 import os
 import threading
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor, wait
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, wait
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -166,7 +166,7 @@ class TokenMatcher:
     def __init__(self, matcher: llguidance.LLMatcher, grammar_text: str, shard: int = 0) -> None:
         self._matcher: llguidance.LLMatcher | None = matcher
         self.grammar_text = grammar_text
-        self.shard = shard  # which of its grammar's independent lexers it uses (the parallel calls sort by it)
+        self.shard = shard  # which of its grammar's independent lexers it uses (the parallel calls group by it)
 
     @property
     def _live(self) -> llguidance.LLMatcher:
@@ -360,7 +360,7 @@ def bitmask_fill(rows: Sequence[tuple[TokenMatcher, int]], out: np.ndarray) -> C
     if any(not 0 <= row < out.shape[0] for _, row in rows):
         raise ValueError(f"a mask row lies outside the {out.shape[0]} rows of the buffer")
     if not rows:
-        return list
+        return lambda: []
     threads = _shard_threads()
     live = [(matcher._live, row) for matcher, row in rows]
     groups = _groups(len(rows), lambda n: rows[n][0].shard, len(threads.executors))

@@ -30,11 +30,11 @@ from albatross.dtypes import DTYPES
 from albatross.model import RWKV7
 from albatross.sampler import seed_to_seed32
 from albatross.tokenizer import Tokenizer
+from albatross_engine.allocator import use_expandable_segments
 from albatross_engine.config import AlbatrossBackendConfig
 from albatross_engine.device_step import DeviceStep, IssuedStep, RowInputsRefused, free_device_memory
 from albatross_engine.finishing import Finisher, fail_all
 from albatross_engine.memory_plan import MemoryPlan, MemoryPlanError, MemoryRequest, plan_memory
-from albatross_engine.allocator import use_expandable_segments
 from albatross_engine.grammar_masks import GrammarMasks
 from albatross_engine.metrics import MetricsSnapshot, WorkerMetrics
 from albatross_engine.model_specs import ModelLoader, ModelSource
