@@ -9,11 +9,7 @@
 # server's threads during the first HTTP load), SWITCH_INTERVALS (e.g. "0.0005": restart the server
 # with that sys.setswitchinterval and repeat the chat-route load).
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-. backend-python/bench/carried_wheels.sh  # the wheels of .whl/, if carried
-cd backend-python
-export PYTHONUNBUFFERED=1 RWKV_V7_ON=1
+. "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/log.txt"
 python3 -c "import torch, sys; print('torch', torch.__version__, 'python', sys.version.split()[0])" | tee -a "$OUT/log.txt"
 

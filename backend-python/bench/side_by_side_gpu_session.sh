@@ -9,11 +9,7 @@
 # no fastapi). Knobs: SHAPE (7.2b), RATES (4,16,64), BURST (960), DURATION (15), DRAIN (45),
 # WEIGHTS (an existing file instead of writing one), ARGS (more side_by_side.py flags).
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-. backend-python/bench/carried_wheels.sh  # the wheels of .whl/, if carried
-cd backend-python
-export PYTHONUNBUFFERED=1 RWKV_V7_ON=1
+. "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/log.txt"
 SHAPE=${SHAPE:-7.2b}
 WEIGHTS=${WEIGHTS:-/tmp/weights/rwkv7-$SHAPE-safe.pth}

@@ -8,12 +8,8 @@
 #   bash backend-python/bench/structured_gpu_session.sh      (from the repository root; .whl/ carried)
 # Knobs: TESTS=0, BENCH=0, HOST=0, SHAPE (7.2b), BATCH (960), TEST_TIMEOUT (240), BENCH_TIMEOUT (240).
 set -uo pipefail
-cd "$(dirname "$0")/../.."
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-. backend-python/bench/carried_wheels.sh  # the wheels of .whl/, if carried
-cd backend-python
-export PYTHONUNBUFFERED=1 RWKV_V7_ON=1 ALBATROSS_KERNEL_CACHE=${ALBATROSS_KERNEL_CACHE:-/tmp/albatross-build-cache}
+. "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
+export ALBATROSS_KERNEL_CACHE=${ALBATROSS_KERNEL_CACHE:-/tmp/albatross-build-cache}
 log="$OUT/log.txt"
 {
   date -u

@@ -15,11 +15,7 @@
 # each part's timeout is cut to what is left (a part with under 20 s left is skipped, and logged).
 # Carry the wheels of fastapi & co. in .whl/ when the image lacks them (as for engine_gpu_session.sh).
 set -uo pipefail
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-. backend-python/bench/carried_wheels.sh  # the wheels of .whl/, if carried
-cd backend-python
-export PYTHONUNBUFFERED=1 RWKV_V7_ON=1
+. "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
 log() { echo "== $*" | tee -a "$OUT/log.txt"; }
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/log.txt"
 GPUS=$(python3 -c "import torch; print(torch.cuda.device_count())")

@@ -1,0 +1,10 @@
+# Sourced by the GPU session scripts that share it (engine, side_by_side, structured, workers):
+# into the repository root whatever the caller's directory, $OUT (default /tmp/out) made, the
+# wheels of .whl/ installed if carried (carried_wheels.sh), then into backend-python/ with Python
+# unbuffered and the rwkv package's RWKV-7 switch on.
+cd "$(dirname "$0")/../.."
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+. backend-python/bench/carried_wheels.sh
+cd backend-python
+export PYTHONUNBUFFERED=1 RWKV_V7_ON=1
