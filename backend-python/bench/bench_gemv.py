@@ -16,8 +16,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from albatross import cuda_ops, linear
+from albatross import linear
 from gpu_json import write_gpu_json
+from kernel_required import require_kernel  # bench/ is the script's folder
 
 # (name, batch of matrices or None, K, N): one 7.2B layer's weight products, then the head
 LAYER_7B = [
@@ -98,11 +99,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_gemv needs a CUDA GPU")
-    loaded = cuda_ops.enable_cuda_kernels()["gemv"]
-    if loaded.how not in ("prebuilt", "jit"):
-        raise SystemExit(f"the GEMV kernel did not load: {loaded.describe()}")
+    require_kernel("bench_gemv", "gemv", "GEMV")
     results: list[Result] = []
     for rows in (int(r) for r in args.rows.split(",")):
         for name, batch, K, N in [*LAYER_7B, HEAD_7B]:

@@ -22,8 +22,9 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from albatross import cuda_ops, ops, sampler
+from albatross import ops, sampler
 from gpu_json import write_gpu_json  # bench/ is the script's folder
+from kernel_required import require_kernel  # bench/ is the script's folder
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,12 +117,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_sampler needs a CUDA GPU")
-    loaded = cuda_ops.enable_cuda_kernels()["sampler"]
-    if loaded.how not in ("prebuilt", "jit"):
-        raise SystemExit(f"the sampler kernel did not load: {loaded.describe()}")
-    print(loaded.describe(), flush=True)
+    print(require_kernel("bench_sampler", "sampler", "sampler"), flush=True)
 
     results: list[Result] = []
     for filt in FILTERS:

@@ -22,8 +22,9 @@ import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from albatross import cuda_ops, ops
+from albatross import ops
 from gpu_json import write_gpu_json  # bench/ is the script's folder
+from kernel_required import require_kernel  # bench/ is the script's folder
 
 N = ops.HEAD_SIZE
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -89,12 +90,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--iters", type=int, default=50)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_wkv needs a CUDA GPU")
-    loaded = cuda_ops.enable_cuda_kernels()["wkv7"]
-    if loaded.how not in ("prebuilt", "jit"):
-        raise SystemExit(f"the WKV kernel did not load: {loaded.describe()}")
-    print(loaded.describe(), flush=True)
+    print(require_kernel("bench_wkv", "wkv7", "WKV"), flush=True)
 
     decode = [int(b) for b in args.batches.split(",") if b]
     cases = [(b, 1, False) for b in decode] + [(b, 1, True) for b in decode]  # decode kernel, then the general one

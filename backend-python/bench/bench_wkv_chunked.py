@@ -22,9 +22,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "external"))
 
-from albatross import cuda_ops, ops
+from albatross import ops
 from albatross.wkv_dispatch import ChunkedPolicy
 from gpu_json import write_gpu_json
+from kernel_required import require_kernel  # bench/ is the script's folder
 from wkv_compare import make_inputs, parse_cases, reference
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -111,11 +112,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
-    if not torch.cuda.is_available():
-        raise SystemExit("bench_wkv_chunked needs a CUDA GPU")
-    loaded = cuda_ops.enable_cuda_kernels()["wkv7"]
-    if loaded.how not in ("prebuilt", "jit"):
-        raise SystemExit(f"the WKV kernel did not load: {loaded.describe()}")
+    require_kernel("bench_wkv_chunked", "wkv7", "WKV")
     variants = _kernels([int(b) for b in args.blocks.split(",")], args.precisions.split(","), [int(w) for w in args.warps.split(",")])
     timings: list[Timing] = []
     accuracy: list[Accuracy] = []
