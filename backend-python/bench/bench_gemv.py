@@ -18,7 +18,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from albatross import linear
 from gpu_json import write_gpu_json
-from kernel_required import require_kernel  # bench/ is the script's folder
+from kernel_bench import require_kernel  # bench/ is the script's folder
 
 # (name, batch of matrices or None, K, N): one 7.2B layer's weight products, then the head
 LAYER_7B = [

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -24,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from albatross import ops, sampler
 from gpu_json import write_gpu_json  # bench/ is the script's folder
-from kernel_required import require_kernel  # bench/ is the script's folder
+from kernel_bench import event_ms, require_kernel  # bench/ is the script's folder
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,17 +78,6 @@ def _pool(rows: int, vocab: int, filt: Filter, gen: torch.Generator) -> sampler.
     return pool
 
 
-def _ms(call: Callable[[], object], iters: int) -> float:
-    call()  # warm-up
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        call()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / iters
-
-
 def bench(rows: int, filt: Filter, vocab: int, scale: float, iters: int) -> Result:
     gen = torch.Generator().manual_seed(rows)
     logits = (torch.randn(rows, vocab, generator=gen) * scale).cuda()
@@ -103,8 +91,8 @@ def bench(rows: int, filt: Filter, vocab: int, scale: float, iters: int) -> Resu
     temperature = torch.where(batch.temperature > 0, batch.temperature, torch.ones_like(batch.temperature))
     kept = sampler.kept_mask(torch.softmax(adjusted / temperature[:, None], dim=-1), batch.top_k, batch.top_p)
     every_kept = bool(kept[torch.arange(rows, device="cuda"), rejection_ids].all())
-    exact_ms = _ms(lambda: ops.sample(logits, slots, batch, pool, rejection=False), iters)
-    rejection_ms = _ms(lambda: ops.sample(logits, slots, batch, pool, rejection=True), iters)
+    exact_ms = event_ms(lambda: ops.sample(logits, slots, batch, pool, rejection=False), iters)
+    rejection_ms = event_ms(lambda: ops.sample(logits, slots, batch, pool, rejection=True), iters)
     same = int((exact_ids == rejection_ids).sum())
     return Result(filt.name, rows, exact_ms, rejection_ms, exact_ms / rejection_ms, same, every_kept)
 

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from albatross import ops
 from gpu_json import write_gpu_json  # bench/ is the script's folder
-from kernel_required import require_kernel  # bench/ is the script's folder
+from kernel_bench import event_ms, require_kernel  # bench/ is the script's folder
 
 N = ops.HEAD_SIZE
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -64,14 +64,7 @@ def bench(
     expected = ops.wkv7_torch(state.clone(), slot_idx, cu, *inputs).double()
     got = ops.wkv7(state.clone(), slot_idx, cu, *inputs, single_token=single).double()
     diff = ((got - expected).norm() / expected.norm().clamp_min(1e-30)).item()
-    ops.wkv7(state, slot_idx, cu, *inputs, single_token=single)  # warm-up
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        ops.wkv7(state, slot_idx, cu, *inputs, single_token=single)
-    end.record()
-    end.synchronize()
-    seconds = start.elapsed_time(end) / 1000 / iters
+    seconds = event_ms(lambda: ops.wkv7(state, slot_idx, cu, *inputs, single_token=single), iters) / 1000
     state_name = next(name for name, dtype in DTYPES.items() if dtype == state_dtype)
     if length == 1:
         traffic = 2 * state.numel() * state.element_size() + 7 * inputs[0].numel() * inputs[0].element_size()

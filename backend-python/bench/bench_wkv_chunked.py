@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "external"))
 from albatross import ops
 from albatross.wkv_dispatch import ChunkedPolicy
 from gpu_json import write_gpu_json
-from kernel_required import require_kernel  # bench/ is the script's folder
+from kernel_bench import event_ms, require_kernel  # bench/ is the script's folder
 from wkv_compare import make_inputs, parse_cases, reference
 
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
@@ -48,18 +48,6 @@ class Accuracy:
     kernel: str
     y_rel_rms: float
     state_max_error: float
-
-
-def _time(fn, iters: int) -> float:
-    fn()  # warm-up (and Triton's compile on the first variant call)
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(iters):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) * 1000 / iters
 
 
 def _kernels(blocks: list[int], precisions: list[str], warps: list[int]):
@@ -122,7 +110,7 @@ def main(argv: list[str] | None = None) -> None:
             state = inputs.state0.to(DTYPES[state_name])
             lengths = [case.length] * case.sequences
             for name, fn in variants.items():
-                us = _time(functools.partial(fn, state, inputs, lengths), args.iters)
+                us = 1000 * event_ms(functools.partial(fn, state, inputs, lengths), args.iters)
                 timings.append(Timing(case.label, case.sequences, case.length, state_name, name, us, case.tokens / us))
                 print(asdict(timings[-1]), flush=True)
             del inputs, state

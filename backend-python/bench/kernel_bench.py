@@ -1,0 +1,35 @@
+"""What the kernel benchmarks share: the check for a CUDA GPU with the kernel library loaded, and
+the CUDA-event timing of repeated eager calls."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from albatross import cuda_ops
+
+
+def require_kernel(script: str, library: str, what: str) -> str:
+    """Exit with one message unless a CUDA GPU is here and `library`'s kernels loaded (prebuilt
+    or JIT-built); returns how it loaded, for the log."""
+    if not torch.cuda.is_available():
+        raise SystemExit(f"{script} needs a CUDA GPU")
+    loaded = cuda_ops.enable_cuda_kernels()[library]
+    if loaded.how not in ("prebuilt", "jit"):
+        raise SystemExit(f"the {what} kernel did not load: {loaded.describe()}")
+    return loaded.describe()
+
+
+def event_ms(call: Callable[[], object], iters: int) -> float:
+    """Mean milliseconds of `call` over `iters` back-to-back calls, timed by CUDA events after one
+    untimed warm-up call (kernel loading, Triton compiles) has finished."""
+    call()
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(iters):
+        call()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / iters
