@@ -114,17 +114,17 @@ class Worker:
 
     @property
     def model_config(self) -> ModelConfig:
-        model = self.model
-        if model is None:
-            raise RuntimeError(f"worker {self.index} has no model loaded")
-        return model.config
+        return self._loaded_model().config
 
     @property
     def fingerprint(self) -> str:
+        return self._loaded_model().fingerprint
+
+    def _loaded_model(self) -> RWKV7:
         model = self.model
         if model is None:
             raise RuntimeError(f"worker {self.index} has no model loaded")
-        return model.fingerprint
+        return model
 
     def metrics_future(self) -> Future[MetricsSnapshot]:
         """The counters now (the core asks worker processes without waiting; a thread answers at once)."""
