@@ -13,6 +13,7 @@ import argparse
 import math
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -75,6 +76,20 @@ def bench_decode(model: RWKV7, pool: StatePool, batch: int, steps: int, shape: s
     elapsed = time.perf_counter() - start
     name = "decode+sample" + (" (graph)" if graphs else "")
     return Result(name, shape, batch, batch * steps / elapsed, 1000 * elapsed / steps)
+
+
+def graph_decode_rows(
+    model: RWKV7, pool: StatePool, batches: list[int], steps_of: Callable[[int], int], shape: str, note: str
+) -> list[Result]:
+    """Decode + sampling from graphs captured once for `batches` (each row printed as measured)."""
+    runner = DecodeGraphRunner(model, pool, scratch_slot=pool.batch_size - 1, buckets=batches)
+    rows = []
+    for batch in batches:
+        result = bench_decode(model, pool, batch, steps_of(batch), shape, runner)
+        result.note = note
+        rows.append(result)
+        print(asdict(result), flush=True)
+    return rows
 
 
 def bench_prefill(model: RWKV7, pool: StatePool, prompts: int, length: int, shape: str, chunk: int) -> Result:
@@ -269,26 +284,16 @@ def main(argv: list[str] | None = None) -> None:
             wkv_dispatch.POLICY = wkv_dispatch.DEFAULT_POLICY
             for gemv in _switch(args.gemv) if graph_batches else ():
                 linear.set_gemv_allowed(gemv)  # captured into the graphs below
-                runner = DecodeGraphRunner(model, pool, scratch_slot=pool.batch_size - 1, buckets=graph_batches)
-                for batch in graph_batches:
-                    result = bench_decode(model, pool, batch, 3 * args.steps, args.shape, runner)
-                    result.note = tag + (", GEMV for <= 4 rows" if linear.gemv_enabled() else ", cuBLAS")
-                    results.append(result)
-                    print(asdict(result), flush=True)
-                del runner
+                note = tag + (", GEMV for <= 4 rows" if linear.gemv_enabled() else ", cuBLAS")
+                results += graph_decode_rows(model, pool, graph_batches, lambda batch: 3 * args.steps, args.shape, note)
                 linear.set_gemv_allowed(linear.GEMV_BY_DEFAULT)
         if state_dtype == torch.float16:
             for batch in [int(b) for b in args.profile_graph_batches.split(",") if b]:
                 print(f"\n== profile: graph decode, batch {batch}, fp16 state, {args.shape}\n{profile_graph_decode(model, pool, batch)}", flush=True)
             fp16_graph_batches = [int(b) for b in args.fp16_graph_batches.split(",") if b and int(b) < pool.batch_size]
             if fp16_graph_batches:  # what the engine runs: a captured step per bucket, fp16 state
-                runner = DecodeGraphRunner(model, pool, scratch_slot=pool.batch_size - 1, buckets=fp16_graph_batches)
-                for batch in fp16_graph_batches:
-                    result = bench_decode(model, pool, batch, 3 * args.steps if batch == 1 else args.steps, args.shape, runner)
-                    result.note = tag + ", cuBLAS"
-                    results.append(result)
-                    print(asdict(result), flush=True)
-                del runner
+                results += graph_decode_rows(model, pool, fp16_graph_batches, lambda batch: 3 * args.steps if batch == 1 else args.steps,
+                                             args.shape, tag + ", cuBLAS")  # fmt: skip
         if state_dtype == torch.float32:
             for batch in [int(b) for b in args.profile_batches.split(",") if b]:
                 print(f"\n== profile: eager decode + sampling, batch {batch}, {args.shape}\n{profile_decode(model, pool, batch)}", flush=True)
