@@ -5,6 +5,9 @@ a mask is 2,048 int32 words per row, bit `i` of word `j` standing for token `32 
 into memory the caller owns (a worker hands a view of its page-locked buffer, which it copies to
 the device with the step; the classic backend a small array).
 
+- The vocabulary as llguidance sees it comes from `albatross.grammar_vocabulary`, whose encoder of
+  forced text is native code: llguidance calls it from its own threads, where a Python tokenizer
+  would make every such call wait for the GIL.
 - A grammar is llguidance lark text (`json_schema_grammar`, or the tool-call grammar the runner
   builds from `json_value_rule`). Its text is its cache key: `ConstraintCompiler.compile` returns
   the same `CompiledGrammar` for the same text without compiling again.
@@ -37,65 +40,22 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor, wait
 from functools import lru_cache
-from pathlib import Path
 from typing import Any
 
 import llguidance
 import numpy as np
 
+from albatross.grammar_vocabulary import END_OF_TEXT as END_OF_TEXT  # id 0, allowed where the grammar can end
+from albatross.grammar_vocabulary import grammar_tokenizer
 from albatross.tokenizer import VOCAB_SIZE, Tokenizer
 
-END_OF_TEXT = 0  # the RWKV World end-of-text id, allowed where the grammar can end
 MASK_WORDS = VOCAB_SIZE // 32  # int32 words per mask row
 JSON_FORMAT: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
-_END_OF_TEXT_TEXT = b"<|endoftext|>"  # id 0 has no text; llguidance wants a special token for it
 _COMPILED_CACHE_SIZE = 256
 
 
 class ConstraintError(ValueError):
     """A grammar or schema that cannot be enforced; the message says what and where."""
-
-
-# ---------------------------------------------------------------------------- the vocabulary
-
-
-class _VocabularyView:
-    """What llguidance.TokenizerWrapper reads from a tokenizer."""
-
-    def __init__(self, tokenizer: Tokenizer) -> None:
-        self.tokens = vocabulary_bytes(tokenizer)
-        self.eos_token_id = END_OF_TEXT
-        self.bos_token_id = None
-        self.special_token_ids = [END_OF_TEXT]
-        self._tokenizer = tokenizer
-
-    def __call__(self, text: str) -> list[int]:
-        # llguidance tokenizes text the grammar forces, to allow only the canonical tokens there.
-        return self._tokenizer.encode(text)
-
-
-def vocabulary_bytes(tokenizer: Tokenizer) -> list[bytes]:
-    """Every id's bytes, `VOCAB_SIZE` rows: ids without text (0, 65530..65535) are empty, except
-    that id 0 gets a placeholder name (llguidance marks it special, so it never matches text)."""
-    rows = [tokenizer.token_bytes(token_id) for token_id in range(VOCAB_SIZE)]
-    rows[END_OF_TEXT] = _END_OF_TEXT_TEXT
-    return rows
-
-
-_grammar_tokenizers: dict[Path, llguidance.LLTokenizer] = {}
-_grammar_tokenizers_lock = threading.Lock()
-
-
-def grammar_tokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
-    """llguidance's view of the vocabulary (its token trie): ~0.2 s to build, once per
-    vocabulary file and process."""
-    with _grammar_tokenizers_lock:
-        built = _grammar_tokenizers.get(tokenizer.vocab_path)
-        if built is None:
-            wrapper = llguidance.TokenizerWrapper(_VocabularyView(tokenizer))
-            built = llguidance.LLTokenizer(wrapper, n_vocab=VOCAB_SIZE, eos_token=END_OF_TEXT)
-            _grammar_tokenizers[tokenizer.vocab_path] = built
-        return built
 
 
 # ---------------------------------------------------------------------------- grammars

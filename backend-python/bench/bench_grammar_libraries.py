@@ -38,7 +38,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from albatross import constraints
+from albatross import constraints, grammar_vocabulary
 from albatross.tokenizer import VOCAB_SIZE, get_tokenizer
 from bench.json_prefix_oracle import SchemaRegex
 
@@ -169,7 +169,7 @@ class Xgrammar(Library):
 
         self.xgr = xgrammar
         self.torch = torch
-        rows = constraints.vocabulary_bytes(get_tokenizer())
+        rows = grammar_vocabulary.vocabulary_bytes(get_tokenizer())
         rows[constraints.END_OF_TEXT] = b""  # xgrammar takes the stop token by id
         self.info = xgrammar.TokenizerInfo(rows, xgrammar.VocabType.RAW, vocab_size=VOCAB_SIZE, stop_token_ids=[constraints.END_OF_TEXT])
         self.compiler = xgrammar.GrammarCompiler(self.info, max_threads=1, cache_enabled=False)

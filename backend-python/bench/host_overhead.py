@@ -96,10 +96,10 @@ class _ResultTimer:
     def __enter__(self) -> _ResultTimer:
         original, timer = self._original, self
 
-        def timed(processor: ResultProcessor, issued: object) -> None:
+        def timed(processor: ResultProcessor, issued: object, advanced: Callable[[], None] | None = None) -> None:
             started = time.thread_time()
             try:
-                original(processor, issued)
+                original(processor, issued, advanced)
             finally:
                 with timer._lock:
                     timer.seconds += time.thread_time() - started

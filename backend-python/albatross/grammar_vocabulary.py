@@ -1,0 +1,222 @@
+"""llguidance's view of the RWKV World vocabulary, with the encoding it needs done in native code.
+
+While llguidance computes a mask it tokenizes the text the grammar forces next (a property name
+and its `": "`, say), so that only the canonical tokens of that text are allowed. Handed a Python
+tokenizer it calls back into Python for that from its own worker threads, and every call must take
+the GIL (and build a Python thread state for a thread that has none). Masks of different lexer
+shards then wait for the GIL in turn, and all of them wait behind whatever Python the engine's
+own thread runs meanwhile: `bench/mask_scaling.py --busy` on a 2-core machine filled 480 masks in
+1,250-1,430 ms with one busy Python thread beside them, against 57-61 ms with the native encoder
+(and in 29 ms rather than 36 ms on two shard threads with no busy thread).
+
+So the encoding llguidance calls is a function compiled by numba (a C function, which never takes the GIL) that walks
+a trie packed into one int32 array: greedy longest match over the bytes, which is the RWKV World
+encoding itself (albatross/tokenizer.py), so the masks are the ones the Python tokenizer gives
+(tests/test_grammar_vocabulary.py compares both, and the encodings on random text and bytes). It
+reaches llguidance through `LLTokenizer.from_llamacpp`, the entry point for a native tokenize
+function (`vocab_ptr` is the packed trie's address). Without numba the Python tokenizer is used,
+with one warning; `ALBATROSS_GRAMMAR_ENCODER=python` chooses it too (for comparisons, and as a way
+out should numba misbehave on a platform).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import llguidance
+import numpy as np
+
+from albatross.tokenizer import VOCAB_SIZE, Tokenizer
+
+log = logging.getLogger("albatross.constraints")
+
+END_OF_TEXT = 0  # the RWKV World end-of-text id, allowed where the grammar can end
+_END_OF_TEXT_TEXT = b"<|endoftext|>"  # id 0 has no text; llguidance wants a special token for it
+_SPECIAL_TOKEN_MARKER = b"\xff"  # llguidance's prefix for special tokens: no text ever matches them
+
+# The packed trie: a header of _HEADER int32 words (the array's length, the node count, and where
+# each section starts), then `child_start` (nodes + 1: node n's children are edges
+# child_start[n] .. child_start[n + 1] - 1), `edge_byte` and `edge_node` (sorted by byte within a
+# node), and `node_token` (the id a node spells, or -1). Node 0 is the root.
+_HEADER = 8
+ENCODER_ENV = "ALBATROSS_GRAMMAR_ENCODER"  # "native" (the default) or "python"
+
+
+def vocabulary_bytes(tokenizer: Tokenizer) -> list[bytes]:
+    """Every id's bytes, `VOCAB_SIZE` rows: ids without text (0, 65530..65535) are empty, except
+    that id 0 gets a placeholder name (llguidance marks it special, so it never matches text)."""
+    rows = [tokenizer.token_bytes(token_id) for token_id in range(VOCAB_SIZE)]
+    rows[END_OF_TEXT] = _END_OF_TEXT_TEXT
+    return rows
+
+
+def pack_trie(rows: Sequence[bytes], skip: Sequence[int] = (END_OF_TEXT,)) -> np.ndarray:
+    """The trie of every non-empty row (ids in `skip` left out), packed as described above."""
+    children: list[dict[int, int]] = [{}]
+    node_token = [-1]
+    skipped = set(skip)
+    for token_id, row in enumerate(rows):
+        if not row or token_id in skipped:
+            continue
+        node = 0
+        for byte in row:
+            child = children[node].get(byte)
+            if child is None:
+                child = len(children)
+                children[node][byte] = child
+                children.append({})
+                node_token.append(-1)
+            node = child
+        node_token[node] = token_id
+    nodes = len(children)
+    edges = nodes - 1  # a tree: every node but the root has one parent edge
+    child_start = np.zeros(nodes + 1, dtype=np.int64)
+    np.cumsum([len(c) for c in children], out=child_start[1:])
+    starts = [_HEADER, _HEADER + nodes + 1, _HEADER + nodes + 1 + edges, _HEADER + nodes + 1 + 2 * edges]
+    packed = np.zeros(starts[3] + nodes, dtype=np.int32)
+    packed[:6] = [packed.size, nodes, *starts]
+    packed[starts[0] : starts[0] + nodes + 1] = child_start
+    edge_byte = packed[starts[1] : starts[1] + edges]
+    edge_node = packed[starts[2] : starts[2] + edges]
+    for node, branch in enumerate(children):
+        for k, byte in enumerate(sorted(branch), start=int(child_start[node])):
+            edge_byte[k] = byte
+            edge_node[k] = branch[byte]
+    packed[starts[3] :] = node_token
+    return packed
+
+
+@lru_cache(maxsize=1)
+def native_encoder() -> Any | None:
+    """The compiled encoder (a numba cfunc; `.address` is the C function pointer), compiled once
+    per process (~1 s), or None where numba is missing.
+
+    Its C signature is llama.cpp's tokenize, which `LLTokenizer.from_llamacpp` calls:
+    `int32 (const void *trie, const char *text, int32 len, int32 *out, int32 capacity, bool, bool)`.
+    It writes the ids of `text` into `out` (up to `capacity`) and returns their count, or minus
+    the count when `capacity` is too small (the caller then calls again with room for all). Bytes
+    no token starts with (none in the RWKV vocabulary, which has every single byte) are skipped."""
+    try:
+        import numba
+        from numba import types
+    except ImportError:
+        return None
+    signature = types.int32(types.voidptr, types.voidptr, types.int32, types.CPointer(types.int32), types.int32, types.boolean, types.boolean)
+
+    # A cfunc is always compiled in nopython mode: it never touches the GIL. Cached on disk (numba's
+    # __pycache__ files), so later processes load it in ~0.1 s.
+    @numba.cfunc(signature, cache=True)
+    def encode(trie, text, length, out, capacity, add_special, parse_special):  # type: ignore[no-untyped-def]
+        header = numba.carray(trie, _HEADER, np.int32)
+        words = numba.carray(trie, header[0], np.int32)
+        child_start, edge_byte, edge_node, node_token = header[2], header[3], header[4], header[5]
+        data = numba.carray(text, length, np.uint8)
+        count = 0
+        position = 0
+        while position < length:
+            node = 0
+            best = -1
+            best_end = position + 1
+            end = position
+            while end < length:
+                byte = np.int32(data[end])
+                low = words[child_start + node]
+                high = words[child_start + node + 1] - 1
+                child = -1
+                while low <= high:
+                    middle = (low + high) >> 1
+                    found = words[edge_byte + middle]
+                    if found == byte:
+                        child = words[edge_node + middle]
+                        break
+                    if found < byte:
+                        low = middle + 1
+                    else:
+                        high = middle - 1
+                if child < 0:
+                    break
+                node = child
+                end += 1
+                if words[node_token + node] >= 0:
+                    best = words[node_token + node]
+                    best_end = end
+            if best >= 0:
+                if count < capacity:
+                    out[count] = best
+                count += 1
+            position = best_end
+        return -count if count > capacity else count
+
+    return encode
+
+
+@dataclass(frozen=True, slots=True)
+class GrammarVocabulary:
+    """An LLTokenizer and what must live as long as it does (the packed trie its encoder reads)."""
+
+    tokenizer: llguidance.LLTokenizer
+    native: bool
+    trie: np.ndarray | None = None
+
+
+class _PythonTokenizer:
+    """What llguidance.TokenizerWrapper reads from a tokenizer (the fallback without numba)."""
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokens = vocabulary_bytes(tokenizer)
+        self.eos_token_id = END_OF_TEXT
+        self.bos_token_id = None
+        self.special_token_ids = [END_OF_TEXT]
+        self._tokenizer = tokenizer
+
+    def __call__(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text)
+
+
+def native_wanted() -> bool:
+    """What ALBATROSS_GRAMMAR_ENCODER asks for: the native encoder unless it says "python"."""
+    choice = os.environ.get(ENCODER_ENV, "native").strip().lower()
+    if choice not in ("native", "python"):
+        raise ValueError(f"{ENCODER_ENV} must be native or python, not {choice!r}")
+    return choice == "native"
+
+
+def build_grammar_vocabulary(tokenizer: Tokenizer, native: bool | None = None) -> GrammarVocabulary:
+    """llguidance's view of `tokenizer` (its token trie, ~0.3 s to build), encoding natively when
+    `native` (default: `native_wanted()`) and numba is there, through the Python tokenizer
+    otherwise."""
+    if native is None:
+        native = native_wanted()
+    encoder = native_encoder() if native else None
+    if native and encoder is None:
+        log.warning("numba is not installed: grammar masks call the Python tokenizer for forced text, and fill slower under load")
+    if encoder is None:
+        wrapper = llguidance.TokenizerWrapper(_PythonTokenizer(tokenizer))
+        return GrammarVocabulary(llguidance.LLTokenizer(wrapper, n_vocab=VOCAB_SIZE, eos_token=END_OF_TEXT), native=False)
+    rows = vocabulary_bytes(tokenizer)
+    trie = pack_trie(rows)
+    rows[END_OF_TEXT] = _SPECIAL_TOKEN_MARKER + _END_OF_TEXT_TEXT
+    # from_llamacpp is in llguidance's extension but not in its type stub.
+    built = llguidance.LLTokenizer.from_llamacpp(tokens=rows, vocab_ptr=trie.ctypes.data, tokenize_fptr=encoder.address, eos_token=END_OF_TEXT)  # type: ignore[attr-defined]
+    return GrammarVocabulary(built, native=True, trie=trie)
+
+
+_vocabularies: dict[Path, GrammarVocabulary] = {}
+_vocabularies_lock = threading.Lock()
+
+
+def grammar_tokenizer(tokenizer: Tokenizer) -> llguidance.LLTokenizer:
+    """llguidance's view of the vocabulary: built once per vocabulary file and process (the trie
+    it points into stays alive with it)."""
+    with _vocabularies_lock:
+        built = _vocabularies.get(tokenizer.vocab_path)
+        if built is None:
+            built = _vocabularies[tokenizer.vocab_path] = build_grammar_vocabulary(tokenizer)
+        return built.tokenizer
