@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One device call that measures a change to the CUDA kernel sources against the tree's own: first
+# the tree as it is (its committed binaries), then with the .cu/.cuh files of $VARIANT copied over
+# albatross/cuda/ (on the device's copy only; the loader JIT-builds what changed, for this GPU).
+# Each side runs the cuda tests of the few-row products and times them: bench_gemv.py (fp16
+# split-K GEMV against cuBLAS), bench_int8.py kernels (the int8 GEMV rows, 1-2 rows) and the 7.2B
+# batch-1 decode with a CUDA graph, fp16 and int8 (bench_model.py, bench_int8.py model).
+#   VARIANT=gpu_scratch/variant bash backend-python/bench/kernel_ab_gpu_session.sh   (repository root; .whl/ carried)
+# $VARIANT is relative to the repository root and must travel (an untracked, not ignored folder).
+# Knobs: TESTS=0, MODEL=0, SHAPE (7.2b). Output: $OUT/log.txt, and per side base-*/variant-* JSON.
+set -uo pipefail
+. "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
+root=$(cd .. && pwd)
+variant="$root/${VARIANT:?VARIANT names a folder of replacement kernel sources}"
+[ -d "$variant" ] || { echo "no folder $variant" >&2; exit 2; }
+export ALBATROSS_KERNEL_CACHE=${ALBATROSS_KERNEL_CACHE:-/tmp/albatross-build-cache}
+log="$OUT/log.txt"
+
+side() {  # $1: base or variant
+  echo "== $1: kernels" | tee -a "$log"
+  timeout 300 python3 -c "
+import logging; logging.basicConfig(level=logging.INFO, format='%(name)s %(levelname)s %(message)s')
+from albatross import cuda_ops
+print({name: result.how for name, result in cuda_ops.enable_cuda_kernels().items()})
+" 2>&1 | tee -a "$log"
+  if [ "${TESTS:-1}" = 1 ]; then
+    timeout 300 python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_gemv_cuda.py tests/test_int8_cuda.py \
+        tests/test_cuda_kernels.py 2>&1 | tail -4 | tee -a "$log"
+  fi
+  timeout 240 python3 bench/bench_gemv.py --rows 1,2 --json "$OUT/$1-gemv.json" 2>&1 | tee -a "$log" | tail -14
+  timeout 240 python3 bench/bench_int8.py kernels --rows 1,2 --only gemv --json "$OUT/$1-int8.jsonl" 2>&1 | tee -a "$log" | tail -14
+  if [ "${MODEL:-1}" = 1 ]; then
+    timeout 300 python3 bench/bench_model.py --shape "${SHAPE:-7.2b}" --batches 1 --graph-batches 1 --fp16-graph-batches 1 \
+        --steps 10 --skip-accuracy --json "$OUT/$1-model.json" 2>&1 | tee -a "$log" | tail -8
+    timeout 300 python3 bench/bench_int8.py model --shape "${SHAPE:-7.2b}" --json "$OUT/$1-int8-model.json" 2>&1 | tee -a "$log" | tail -8
+  fi
+}
+
+{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } 2>&1 | tee -a "$log"
+side base
+cp "$variant"/*.cu* albatross/cuda/ 2>/dev/null
+echo "== variant files: $(cd "$variant" && ls)" | tee -a "$log"
+side variant
