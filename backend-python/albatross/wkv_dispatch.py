@@ -26,7 +26,9 @@ class ChunkedPolicy:
     """Take the chunked kernel when the longest slot has at least `min_tokens` tokens and the
     slots that long, times the heads, are at most `max_long_heads` sequential chains (past that
     the sequential kernel's grid fills the GPU and its lower arithmetic wins). `enabled=False`
-    always takes the sequential kernel."""
+    always takes the sequential kernel. `segment_tokens` > 0 runs a chunked call whose longest
+    slot is longer than that in segments of that many tokens, in parallel
+    (`wkv7_chunked_triton(segment=...)`); 0 keeps one walk per slot."""
 
     # Measured on the H200 (docs/performance.md, "Chunked WKV prefill"): the chunked kernel wins
     # for one long slot (1x1024: 0.61 against 0.95 ms a layer, 1x4096: 2.4 against 3.8) and loses
@@ -34,10 +36,19 @@ class ChunkedPolicy:
     min_tokens: int = 256
     max_long_heads: int = 64
     enabled: bool = True
+    # Off until the H200 measures it (bench/bench_wkv_chunked.py --segments): the segmented kernel
+    # is tested against the twin (the interpreter here, the GPU tests there) but not yet timed.
+    segment_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.min_tokens < 2 or self.max_long_heads < 1:
             raise ValueError(f"min_tokens must be >= 2 and max_long_heads >= 1, got {self}")
+        if self.segment_tokens < 0 or self.segment_tokens % 16:
+            raise ValueError(f"segment_tokens must be 0 or a positive multiple of 16, got {self.segment_tokens}")
+
+    def segments(self, lengths: tuple[int, ...]) -> int:
+        """The segment length for a chunked call of these slots, or 0 for one walk per slot."""
+        return self.segment_tokens if self.segment_tokens and max(lengths, default=0) > self.segment_tokens else 0
 
     def prefers_chunked(self, lengths: tuple[int, ...], heads: int) -> bool:
         if not self.enabled or not lengths or max(lengths) < self.min_tokens:
@@ -51,6 +62,7 @@ POLICY = DEFAULT_POLICY  # benchmarks replace it to compare the kernels
 
 _chunked: Any = None  # the Triton module once imported; False when it cannot be
 _offsets_cache: tuple[ops.FlatBatch, torch.Tensor] | None = None  # one batch's chunk offsets, reused by every layer
+_plan_cache: tuple[ops.FlatBatch, int, Any] | None = None  # one batch's SegmentPlan, likewise
 
 
 def chunked_kernel_available() -> bool:
@@ -86,10 +98,19 @@ def wkv7(
         and policy.prefers_chunked(batch.lengths, state.shape[1])
         and chunked_kernel_available()
     ):
-        return _chunked.wkv7_chunked_triton(
-            state, batch.slot_idx, batch.cu_seqlens, r, w, k, v, a, b, batch.lengths, offsets=_offsets(batch)
-        )
+        segment = policy.segments(batch.lengths)
+        where = {"segment": segment, "plan": _plan(batch, segment)} if segment else {"offsets": _offsets(batch)}
+        return _chunked.wkv7_chunked_triton(state, batch.slot_idx, batch.cu_seqlens, r, w, k, v, a, b, batch.lengths, **where)
     return ops.wkv7(state, batch.slot_idx, batch.cu_seqlens, r, w, k, v, a, b, batch.single_token)
+
+
+def _plan(batch: ops.FlatBatch, segment: int) -> Any:
+    global _plan_cache
+    cached = _plan_cache  # read once, as _offsets does
+    if cached is None or cached[0] is not batch or cached[1] != segment:
+        cached = (batch, segment, _chunked.SegmentPlan.build(batch.lengths, segment, batch.cu_seqlens.device))
+        _plan_cache = cached
+    return cached[2]
 
 
 def _offsets(batch: ops.FlatBatch) -> torch.Tensor:

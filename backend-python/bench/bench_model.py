@@ -249,6 +249,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-accuracy", action="store_true")
     parser.add_argument("--wkv-chunked", default="on", help="prefill with the chunked WKV kernel where its policy says (on), "
                         "never (off), or both in turn (on,off)")
+    parser.add_argument("--wkv-segments", default="0", help="with the chunked kernel on: segment_tokens of the policy, one run each "
+                        "(0: one walk per slot; e.g. 0,256 to compare the segmented kernel)")
     parser.add_argument("--gemv", default="on", help="graph decode with the GEMV kernel for 1-4 rows (on), cuBLAS (off), or both")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
@@ -274,11 +276,13 @@ def main(argv: list[str] | None = None) -> None:
             results.append(result)
             print(asdict(result), flush=True)
         if state_dtype == torch.float32:
-            for chunked in _switch(args.wkv_chunked):
-                wkv_dispatch.POLICY = wkv_dispatch.ChunkedPolicy(enabled=chunked)
+            segments = [int(x) for x in args.wkv_segments.split(",") if x.strip()] or [0]
+            for chunked, segment in [(c, s) for c in _switch(args.wkv_chunked) for s in (segments if c else [0])]:
+                wkv_dispatch.POLICY = wkv_dispatch.ChunkedPolicy(enabled=chunked, segment_tokens=segment)
                 for prompts, length in ((1, 4096), (64, 512)):
                     result = bench_prefill(model, pool, prompts, length, args.shape, args.prefill_chunk)
-                    result.note += ", chunked WKV where the policy says" if chunked else ", sequential WKV"
+                    result.note += ", sequential WKV" if not chunked else ", chunked WKV where the policy says"
+                    result.note += f", segments of {segment}" if segment else ""
                     results.append(result)
                     print(asdict(result), flush=True)
             wkv_dispatch.POLICY = wkv_dispatch.DEFAULT_POLICY

@@ -6,7 +6,11 @@ the measurements imply for `albatross.wkv_dispatch.ChunkedPolicy`.
     python bench/bench_wkv_chunked.py --json out/wkv_chunked.json
 
 Variants: `--blocks` value rows per program (16/32/64), `--precisions` of the products ("ieee":
-fp32 FMA; "tf32x3": three tf32 tensor-core products, about fp32 accuracy), `--warps` per program.
+fp32 FMA; "tf32x3": three tf32 tensor-core products, about fp32 accuracy), `--warps` per program,
+and `--segments` (tokens): the segmented kernel, parallel across segments of a slot (32 value rows
+a program, each precision and warp count). The implied `segment_tokens` is the segment length
+whose variant is fastest over the single-slot cases of 1,024+ tokens, if it beats the one-walk
+kernel there (0 otherwise).
 """
 
 from __future__ import annotations
@@ -50,25 +54,44 @@ class Accuracy:
     state_max_error: float
 
 
-def _kernels(blocks: list[int], precisions: list[str], warps: list[int]):
+def _kernels(blocks: list[int], precisions: list[str], warps: list[int], segments: list[int]):
     from albatross.wkv_chunked_triton import wkv7_chunked_triton
 
     def sequential(state, inputs, lengths):
         return ops.wkv7(state, inputs.slot_idx, inputs.cu_seqlens, inputs.r, inputs.w, inputs.k, inputs.v, inputs.a, inputs.b)
 
+    def chunked(state, inputs, lengths, **options):
+        return wkv7_chunked_triton(
+            state, inputs.slot_idx, inputs.cu_seqlens, inputs.r, inputs.w, inputs.k, inputs.v, inputs.a, inputs.b, lengths=lengths, **options
+        )  # fmt: skip
+
     variants = {"sequential": sequential}
-    for block in blocks:
-        for precision in precisions:
-            for num_warps in warps:
-
-                def chunked(state, inputs, lengths, block=block, precision=precision, num_warps=num_warps):
-                    return wkv7_chunked_triton(
-                        state, inputs.slot_idx, inputs.cu_seqlens, inputs.r, inputs.w, inputs.k, inputs.v, inputs.a, inputs.b,
-                        lengths=lengths, block_values=block, precision=precision, num_warps=num_warps,
-                    )  # fmt: skip
-
-                variants[f"chunked bv={block} w{num_warps} {precision}"] = chunked
+    for precision in precisions:
+        for num_warps in warps:
+            for block in blocks:
+                variants[f"chunked bv={block} w{num_warps} {precision}"] = functools.partial(
+                    chunked, block_values=block, precision=precision, num_warps=num_warps
+                )
+            for segment in segments:
+                variants[f"segmented s={segment} w{num_warps} {precision}"] = functools.partial(
+                    chunked, segment=segment, precision=precision, num_warps=num_warps
+                )
     return variants
+
+
+def implied_segment(timings: list[Timing]) -> int:
+    """The segment length of the fastest segmented variant over the single-slot cases of 1,024+
+    tokens (summed), if it beats the fastest one-walk variant there; else 0."""
+    long_single = [t for t in timings if t.sequences == 1 and t.length >= 1024]
+    totals: dict[str, float] = {}
+    for t in long_single:
+        totals[t.kernel] = totals.get(t.kernel, 0.0) + t.us
+    walks = [us for kernel, us in totals.items() if kernel.startswith("chunked")]
+    segmented = {kernel: us for kernel, us in totals.items() if kernel.startswith("segmented")}
+    if not walks or not segmented:
+        return 0
+    best = min(segmented, key=lambda kernel: segmented[kernel])
+    return int(best.split()[1].removeprefix("s=")) if segmented[best] < min(walks) else 0
 
 
 def recommend(timings: list[Timing], heads: int) -> ChunkedPolicy:
@@ -97,11 +120,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--blocks", default="16,32,64")
     parser.add_argument("--precisions", default="ieee,tf32x3")
     parser.add_argument("--warps", default="8", help="num_warps of the scan kernel, e.g. 8,4 (8: no register spills at bv <= 32)")
+    parser.add_argument("--segments", default="128,256,512", help="segment lengths of the segmented kernel ('' for none)")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     require_kernel("bench_wkv_chunked", "wkv7", "WKV")
-    variants = _kernels([int(b) for b in args.blocks.split(",")], args.precisions.split(","), [int(w) for w in args.warps.split(",")])
+    variants = _kernels(
+        [int(b) for b in args.blocks.split(",")],
+        args.precisions.split(","),
+        [int(w) for w in args.warps.split(",")],
+        [int(s) for s in args.segments.split(",") if s],
+    )
     timings: list[Timing] = []
     accuracy: list[Accuracy] = []
     for state_name in args.state_dtypes.split(","):
@@ -129,18 +158,19 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.empty_cache()
 
     policy = recommend(timings, args.heads)
+    segment = implied_segment(timings)
     print(f"\n{torch.cuda.get_device_name()} | torch {torch.__version__} | {args.heads} heads, fp16 activations")
-    print(f"{'case':<18}{'state':>6}  {'kernel':<28}{'us':>10}{'Mtok/s':>9}")
+    print(f"{'case':<18}{'state':>6}  {'kernel':<30}{'us':>10}{'Mtok/s':>9}")
     for t in timings:
-        print(f"{t.case:<18}{t.state:>6}  {t.kernel:<28}{t.us:>10.1f}{t.mtok_per_s:>9.2f}")
-    print(f"\n{'case':<18}  {'kernel':<28}{'y rel RMS':>11}{'state max err':>15}")
+        print(f"{t.case:<18}{t.state:>6}  {t.kernel:<30}{t.us:>10.1f}{t.mtok_per_s:>9.2f}")
+    print(f"\n{'case':<18}  {'kernel':<30}{'y rel RMS':>11}{'state max err':>15}")
     for a in accuracy:
-        print(f"{a.case:<18}  {a.kernel:<28}{a.y_rel_rms:>11.2e}{a.state_max_error:>15.2e}")
-    print(f"\nimplied policy: ChunkedPolicy(min_tokens={policy.min_tokens}, max_long_heads={policy.max_long_heads})")
+        print(f"{a.case:<18}  {a.kernel:<30}{a.y_rel_rms:>11.2e}{a.state_max_error:>15.2e}")
+    print(f"\nimplied policy: ChunkedPolicy(min_tokens={policy.min_tokens}, max_long_heads={policy.max_long_heads}, segment_tokens={segment})")
     if args.json:
         write_gpu_json(
             args.json, heads=args.heads, timings=[asdict(t) for t in timings], accuracy=[asdict(a) for a in accuracy],
-            implied_policy={"min_tokens": policy.min_tokens, "max_long_heads": policy.max_long_heads},
+            implied_policy={"min_tokens": policy.min_tokens, "max_long_heads": policy.max_long_heads, "segment_tokens": segment},
         )  # fmt: skip
 
 

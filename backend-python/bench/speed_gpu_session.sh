@@ -59,6 +59,6 @@ fi
 if [ "${MODEL:-1}" = 1 ]; then
   echo "== model: prefill with/without the chunked WKV, batch-1 graph decode with/without the GEMV" | tee -a "$log"
   (cd backend-python && timeout 200 $PY bench/bench_model.py --batches 1,960 --graph-batches 1 --steps 10 --skip-accuracy \
-      --wkv-chunked on,off --gemv on,off ${MODEL_ARGS:-} --json "$OUT/bench_model.json" 2>&1) \
+      --wkv-chunked on,off --wkv-segments 0,256 --gemv on,off ${MODEL_ARGS:-} --json "$OUT/bench_model.json" 2>&1) \
       | tee "$OUT/bench_model.log" | grep -v "^{" | tail -20 | tee -a "$log"
 fi
