@@ -8,8 +8,8 @@
 # host-overhead simulation. About eight minutes; everything lands in $OUT (log.txt, tests.log,
 # structured.json, structured_python.json).
 #   bash backend-python/bench/structured_gpu_session.sh      (from the repository root; .whl/ carried)
-# Knobs: TESTS=0, BENCH=0, AB=0, MASKS=0, HOST=0, SHAPE (7.2b), BATCH (960), TEST_TIMEOUT (240),
-# BENCH_TIMEOUT (240).
+# Knobs: TESTS=0, BENCH=0, AB=0, MASKS=0, HOST=0, SLICES=1 (one more 100% run with
+# ALBATROSS_GRAMMAR_SLICES=fine), SHAPE (7.2b), BATCH (960), TEST_TIMEOUT (240), BENCH_TIMEOUT (240).
 set -uo pipefail
 . "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
 export ALBATROSS_KERNEL_CACHE=${ALBATROSS_KERNEL_CACHE:-/tmp/albatross-build-cache}
@@ -47,6 +47,12 @@ if [ "${AB:-1}" = 1 ]; then
   echo "== structured benchmark, 100% constrained, the Python tokenizer encoding forced text" | tee -a "$log"
   ALBATROSS_GRAMMAR_ENCODER=python timeout "${BENCH_TIMEOUT:-240}" python3 bench/structured_benchmark.py --shape "${SHAPE:-7.2b}" \
       --batch "${BATCH:-960}" --fractions 0,1 --schemas 1 --json "$OUT/structured_python.json" 2>&1 | tee -a "$log" | tail -6
+fi
+
+if [ "${SLICES:-0}" = 1 ]; then
+  echo "== structured benchmark, 100% constrained, llguidance's finer string slices" | tee -a "$log"
+  ALBATROSS_GRAMMAR_SLICES=fine timeout "${BENCH_TIMEOUT:-240}" python3 bench/structured_benchmark.py --shape "${SHAPE:-7.2b}" \
+      --batch "${BATCH:-960}" --fractions 0,1 --schemas 1 --json "$OUT/structured_fine.json" 2>&1 | tee -a "$log" | tail -6
 fi
 
 if [ "${MASKS:-1}" = 1 ]; then

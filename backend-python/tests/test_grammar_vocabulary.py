@@ -167,9 +167,28 @@ def test_without_numba_the_python_tokenizer_serves(monkeypatch: pytest.MonkeyPat
     with caplog.at_level(logging.WARNING, logger="albatross.constraints"):
         built = build_grammar_vocabulary(get_tokenizer())
     assert not built.native and built.trie is None
-    assert "numba is not installed" in caplog.text
+    assert "Python tokenizer" in caplog.text
     text = "{\"a\": 1} 中文"
     assert built.tokenizer.tokenize_str(text) == get_tokenizer().encode(text)
+
+
+@pytest.mark.parametrize("failure", [ImportError("No module named 'numba'"), RuntimeError("LLVM failed")], ids=["missing", "broken"])
+def test_an_encoder_that_cannot_be_built_is_logged_and_skipped(
+    failure: Exception, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def fail() -> None:
+        raise failure
+
+    monkeypatch.setattr(grammar_vocabulary, "_compile_encoder", fail)
+    grammar_vocabulary.native_encoder.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING, logger="albatross.constraints"):
+            assert grammar_vocabulary.native_encoder() is None
+        assert str(failure) in caplog.text
+    finally:
+        monkeypatch.undo()
+        grammar_vocabulary.native_encoder.cache_clear()
+    assert grammar_vocabulary.native_encoder() is not None
 
 
 def test_the_environment_chooses_the_encoder(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -180,6 +199,41 @@ def test_the_environment_chooses_the_encoder(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv(grammar_vocabulary.ENCODER_ENV, "rust")
     with pytest.raises(ValueError, match="native or python"):
         build_grammar_vocabulary(get_tokenizer())
+
+
+def test_fine_slices_give_the_library_defaults_masks_bit_for_bit(native: GrammarVocabulary) -> None:
+    """FINE_SLICES only add run lengths to llguidance's own JSON slices, and slices are an
+    optimisation: walks that dwell inside length-bounded strings get the same mask either way."""
+    assert set(llguidance.LLTokenizer.json_slices()) <= set(grammar_vocabulary.FINE_SLICES)
+    fine = build_grammar_vocabulary(get_tokenizer(), slices=list(grammar_vocabulary.FINE_SLICES))
+    schema = {"type": "object", "properties": {"a": {"type": "string", "maxLength": 24}, "b": {"type": "string", "minLength": 2, "maxLength": 7},
+              "c": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 3}}, "required": ["a", "b", "c"]}  # fmt: skip
+    grammar = llguidance.LLMatcher.grammar_from_lark(json_schema_grammar(schema))
+    one_byte = np.array([i for i in range(1, 65530) if len(get_tokenizer().token_bytes(i)) == 1])
+    for seed in range(3):
+        rng = random.Random(seed)
+        fast, slow = llguidance.LLMatcher(fine.tokenizer, grammar), llguidance.LLMatcher(native.tokenizer, grammar)
+        rows = np.zeros((2, MASK_WORDS), dtype=np.int32)
+        for _ in range(120):
+            fast.unsafe_compute_mask_ptr(rows[0].ctypes.data, rows[0].nbytes)
+            slow.unsafe_compute_mask_ptr(rows[1].ctypes.data, rows[1].nbytes)
+            assert np.array_equal(rows[0], rows[1])
+            ids = allowed_ids(rows[0])
+            if fast.is_stopped() or not len(ids):
+                break
+            short = np.intersect1d(ids, one_byte)  # mostly single characters: the walk dwells inside strings
+            token = int(rng.choice((short if len(short) and rng.random() < 0.7 else ids).tolist()))
+            assert fast.consume_token(token) and slow.consume_token(token)
+
+
+def test_the_environment_chooses_the_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(grammar_vocabulary.SLICES_ENV, raising=False)
+    assert grammar_vocabulary.grammar_slices() is None
+    monkeypatch.setenv(grammar_vocabulary.SLICES_ENV, "fine")
+    assert grammar_vocabulary.grammar_slices() == list(grammar_vocabulary.FINE_SLICES)
+    monkeypatch.setenv(grammar_vocabulary.SLICES_ENV, "coarse")
+    with pytest.raises(ValueError, match="library or fine"):
+        grammar_vocabulary.grammar_slices()
 
 
 def test_vocabulary_rows_mark_the_undefined_ids_empty() -> None:
