@@ -222,6 +222,9 @@ def grammar_slices() -> list[str] | None:
     return list(FINE_SLICES) if _choice(SLICES_ENV, "library", ("library", "fine")) == "fine" else None
 
 
+_tries_handed_over: list[np.ndarray] = []  # see build_grammar_vocabulary
+
+
 def build_grammar_vocabulary(tokenizer: Tokenizer, native: bool | None = None, slices: list[str] | None = None) -> GrammarVocabulary:
     """llguidance's view of `tokenizer` (its token trie, ~0.3 s to build), encoding natively when
     `native` (default: `native_wanted()`) and numba is there, through the Python tokenizer
@@ -238,6 +241,10 @@ def build_grammar_vocabulary(tokenizer: Tokenizer, native: bool | None = None, s
         return GrammarVocabulary(llguidance.LLTokenizer(wrapper, n_vocab=VOCAB_SIZE, eos_token=END_OF_TEXT, slices=slices), native=False)
     rows = vocabulary_bytes(tokenizer)
     trie = pack_trie(rows)
+    # llguidance keeps the raw address, in the tokenizer and in every matcher made from it, which
+    # may outlive this object: a trie handed over is never freed (1.9 MB, once per process in
+    # serving, where grammar_tokenizer caches the vocabulary).
+    _tries_handed_over.append(trie)
     rows[END_OF_TEXT] = _SPECIAL_TOKEN_MARKER + _END_OF_TEXT_TEXT
     # from_llamacpp is in llguidance's extension but not in its type stub.
     built = llguidance.LLTokenizer.from_llamacpp(  # type: ignore[attr-defined]
