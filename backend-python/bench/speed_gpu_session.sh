@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# One device call for the issue-16 kernels (~8 minutes on one H200): make the GEMV library for this
+# One device call for the issue-16 kernels (~10 minutes on one H200): make the GEMV library for this
 # GPU, run the GPU tests of the chunked WKV prefill (Triton) and the GEMV, time WKV sequential vs
-# chunked (1x4096, 64x512, 16x2048 and edge sizes, with the switch point they imply), the GEMV vs
+# chunked and segmented (1x4096, 64x512, 16x2048 and edge sizes, with the switch point they imply), the GEMV vs
 # cuBLAS at 1-4 rows, and the model's prefill / batch-1 decode with each kernel on and off.
 # Everything lands in $OUT (at most 9 files: log, tests, three JSONs, two benchmark logs, and with
 # BUILD=1 the manifest and gemv.so).
@@ -40,14 +40,14 @@ print({name: r.how for name, r in results.items()}, 'gemv enabled:', linear.gemv
 
 if [ "${TESTS:-1}" = 1 ]; then
   echo "== tests" | tee -a "$log"
-  (cd backend-python && timeout "${TEST_TIMEOUT:-200}" $PY -m pytest tests/test_wkv_chunked_cuda.py tests/test_gemv_cuda.py \
+  (cd backend-python && timeout "${TEST_TIMEOUT:-300}" $PY -m pytest tests/test_wkv_chunked_cuda.py tests/test_gemv_cuda.py \
       tests/test_cuda_kernels.py tests/test_model_cuda.py tests/test_kernel_loader.py \
       -q -n 4 -p no:cacheprovider --durations=8 2>&1) | tee "$OUT/tests.log" | tail -30 | tee -a "$log"
 fi
 
 if [ "${WKV:-1}" = 1 ]; then
   echo "== WKV: sequential vs chunked" | tee -a "$log"
-  (cd backend-python && timeout 150 $PY bench/bench_wkv_chunked.py ${WKV_ARGS:-} --json "$OUT/wkv_chunked.json" 2>&1) \
+  (cd backend-python && timeout 300 $PY bench/bench_wkv_chunked.py ${WKV_ARGS:-} --json "$OUT/wkv_chunked.json" 2>&1) \
       | tee "$OUT/bench_wkv_chunked.log" | grep -v "^{" | tail -80 | tee -a "$log"
 fi
 
