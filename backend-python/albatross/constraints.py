@@ -58,6 +58,16 @@ class ConstraintError(ValueError):
     """A grammar or schema that cannot be enforced; the message says what and where."""
 
 
+# Matchers report errors without the parser's state and grammar: those repeat the client's schema
+# (kilobytes of it) into replies and logs, and the first line says what went wrong.
+_LIMITS = llguidance.LLParserLimits(verbose_errors=False)
+_NON_VERBOSE_MARK = "<non-verbose/>"
+
+
+def _concise(message: str) -> str:
+    return message.replace(_NON_VERBOSE_MARK, "").strip()
+
+
 # ---------------------------------------------------------------------------- grammars
 
 
@@ -141,7 +151,7 @@ class TokenMatcher:
         matcher = self._live
         matcher.unsafe_compute_mask_ptr(out_row.ctypes.data, out_row.nbytes)
         if matcher.is_error():
-            raise ConstraintError(f"the grammar matcher failed: {matcher.get_error()}")
+            raise ConstraintError(f"the grammar matcher failed: {_concise(matcher.get_error())}")
 
     def advance(self, token_id: int) -> bool:
         """Consume a sampled id; False when the grammar did not allow it (the matcher has failed)."""
@@ -157,7 +167,7 @@ class TokenMatcher:
 
     def error(self) -> str | None:
         matcher = self._live
-        return matcher.get_error() if matcher.is_error() else None
+        return _concise(matcher.get_error()) if matcher.is_error() else None
 
     def reset(self) -> None:
         """Back to the grammar's start (a fresh output)."""
@@ -243,9 +253,9 @@ class ConstraintCompiler:
             raise ConstraintError(f"the grammar cannot be enforced: {messages[0] if messages else 'invalid grammar'}")
 
         def build() -> llguidance.LLMatcher:
-            template = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0)
+            template = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0, limits=_LIMITS)
             if template.is_error():
-                raise ConstraintError(f"the grammar cannot be enforced: {template.get_error()}")
+                raise ConstraintError(f"the grammar cannot be enforced: {_concise(template.get_error())}")
             return template
 
         return CompiledGrammar(grammar_text, build(), build, self._shards)

@@ -32,6 +32,7 @@ from albatross_engine.device_step import DeviceStep, IssuedStep
 from albatross_engine.finishing import Finisher
 from albatross_engine.metrics import WorkerMetrics
 from albatross_engine.tasks import EngineTask
+from runner.interface import output_grammar_failed
 
 logger = logging.getLogger(__name__)
 
@@ -105,8 +106,10 @@ class GrammarMasks:
             if task.finished:  # ended while its mask was being filled: sampled unconstrained, dropped
                 continue
             if k in failed:
-                problem = reason or matcher.error() or "no token is allowed"
-                self.finisher.fail(task, ConstraintError(f"the output grammar failed: {problem}"))
+                if reason:  # the library failed, not this request's grammar: a server error
+                    self.finisher.fail(task, ConstraintError(f"filling the grammar masks failed: {reason}"))
+                else:
+                    self.finisher.fail(task, output_grammar_failed(matcher.error() or "no token is allowed"))
             else:
                 mask_index[n] = k
         self.metrics.record_masks(len(fill.live) - len(failed), seconds)

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from albatross.constraints import ConstraintError, advance_all
+from albatross.constraints import advance_all
 from albatross.sampler import TopLogprobs
 from albatross.stopping import accept_token
 from albatross.tokenizer import Tokenizer
@@ -23,7 +23,7 @@ from albatross_engine.finishing import Finisher
 from albatross_engine.metrics import WorkerMetrics
 from albatross_engine.scheduler import RowKind
 from albatross_engine.tasks import EngineTask, EventOutbox
-from runner.interface import TokenLogprob
+from runner.interface import BackendError, TokenLogprob, output_grammar_failed
 
 if TYPE_CHECKING:
     from albatross_engine.device_step import DeviceStep, IssuedStep
@@ -66,6 +66,9 @@ class ResultProcessor:
                     self._accept(task, ids[row.sample_row], issued, row.sample_row, refused.get(task.task_id), task.task_id in complete)
                 elif row.kind is RowKind.PREFILL and row.stop == task.prompt_len and task.sampling.max_tokens == 0:
                     self.finisher.finish(task, "length", task.event())
+            except BackendError as error:  # the request's own doing (its grammar failed): no traceback
+                logger.warning("request %s failed: %s", task.request_id, error.message)
+                self.finisher.fail(task, error)
             except Exception as error:
                 logger.exception("request %s failed", task.request_id)
                 self.finisher.fail(task, error)
@@ -100,7 +103,7 @@ class ResultProcessor:
         task.completion_tokens += 1
         sampling = task.sampling
         if refused is not None:
-            raise ConstraintError(f"the output grammar refused the sampled token {token}: {refused}")
+            raise output_grammar_failed(f"it refused the sampled token {token}: {refused}")
         text, reason, stop_token = accept_token(
             task.text_stream, token, sampling.stop_token_ids, task.completion_tokens, sampling.max_tokens, complete
         )

@@ -43,6 +43,7 @@ from runner.interface import (
     GenerationRequest,
     TokenLogprob,
     compile_request_grammar,
+    output_grammar_failed,
 )
 from runner.state_file import InitialState
 
@@ -250,7 +251,7 @@ class ClassicRWKV(AbstractRWKV):
                 token_id = int(sample(row, slot, batch, penalties)[0])
                 logprobs = None if sampling.logprobs is None else [self._logprob(row, token_id, sampling.logprobs)]
                 if matcher is not None and not matcher.advance(token_id):
-                    raise ConstraintError(f"the grammar refused the sampled token {token_id}: {matcher.error()}")
+                    raise output_grammar_failed(f"it refused the sampled token {token_id}: {matcher.error()}")
                 complete = matcher is not None and matcher.is_terminated()
                 outcome = accept_token(stream, token_id, stop_ids, step + 1, sampling.max_tokens, complete)
                 # Unlike the engine's events, the classic ones carry a stop token's id too.
@@ -258,6 +259,10 @@ class ClassicRWKV(AbstractRWKV):
                 if outcome.finish_reason is not None:
                     return
                 logits, state = self._model.forward([token_id], state)
+            except BackendError:
+                raise  # the request's own grammar failed: its status reaches the client
+            except ConstraintError as exc:  # the matcher failed before this token's mask (fill_bitmask)
+                raise output_grammar_failed(str(exc)) from exc
             except Exception as exc:
                 log.exception("classic generation failed at token %d", step)
                 yield GenerationEvent(

@@ -150,6 +150,13 @@ class BackendError(Exception):
         self.message = message
 
 
+def output_grammar_failed(detail: str) -> BackendError:
+    """A request's output grammar failing during generation (llguidance's resource limits: a schema
+    too large or complex to follow, found only once the output reaches it). The request asked for
+    it, so it is a 400 for that request; the others in the batch carry on."""
+    return BackendError(400, f"the output constraint could not be followed: {detail}")
+
+
 def compile_request_grammar(compiler: ConstraintCompiler, constraint: OutputConstraint | None) -> CompiledGrammar | None:
     """A request's output grammar compiled for a backend's vocabulary, the same on both backends
     (the compiler caches by text): one that cannot be enforced is a 400 naming what the client

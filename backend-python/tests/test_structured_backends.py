@@ -148,3 +148,21 @@ def test_a_bad_schema_is_a_400_and_the_backend_keeps_serving(client: TestClient)
     response = client.post("/v1/chat/completions", json={"messages": USER, "response_format": json_schema_format({"type": "object", "if": {}})})
     assert response.status_code == 400 and "keyword if" in response.json()["error"]["message"]
     chat(client, response_format=json_schema_format(SCHEMAS["flat"]), **GREEDY)
+
+
+# A const of 200,000 characters: valid JSON Schema, but llguidance's lexer gives up ("too many
+# expressions") once the output reaches it, after the request has started.
+TOO_COMPLEX = {"type": "object", "properties": {"a": {"const": "x y " * 50_000}}, "required": ["a"]}
+
+
+def test_a_schema_past_the_grammar_engines_limits_is_a_400_and_the_backend_keeps_serving(client: TestClient) -> None:
+    body = {"messages": USER, "response_format": json_schema_format(TOO_COMPLEX), "max_tokens": 40}
+    response = client.post("/v1/chat/completions", json=body)
+    assert response.status_code == 400, response.text
+    message = response.json()["error"]["message"]
+    assert "output constraint could not be followed" in message and "lexer" in message, message
+    assert len(message) < 300, "the schema or the parser's state was dumped into the reply"
+    # A stream that fails before its first token has sent nothing yet: the same 400, as JSON.
+    streamed = client.post("/v1/chat/completions", json={**body, "stream": True})
+    assert streamed.status_code == 400 and "output constraint could not be followed" in streamed.json()["error"]["message"]
+    json.loads(chat(client, response_format=json_schema_format(SCHEMAS["flat"]), **GREEDY)["message"]["content"])

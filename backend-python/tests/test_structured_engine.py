@@ -208,11 +208,20 @@ def test_a_failing_matcher_fails_its_own_request_only(engine: AlbatrossRWKV, mat
 
     monkeypatch.setattr(grammar_masks, "bitmask_fill", failing_third_fill)
     doomed = GenerationRequest([1, 2], LONG, constraint=JSON_OBJECT)
-    results = collect(engine, [doomed, free_request(1)])
-    assert results[0][-1].finish_reason == "error" and "the output grammar failed" in (results[0][-1].error or "")
-    assert results[1][-1].finish_reason in ("stop", "length")
+
+    async def both() -> list[Any]:
+        async def one(request: GenerationRequest) -> list[GenerationEvent]:
+            return [event async for event in engine.async_generate(request)]
+
+        return list(await asyncio.gather(one(doomed), one(free_request(1)), return_exceptions=True))
+
+    failed, free = asyncio.run(both())
+    # The request's own grammar failed: a 400 for it (the route's reply), the other one untouched.
+    assert isinstance(failed, BackendError) and failed.status_code == 400, failed
+    assert "output constraint could not be followed" in failed.message
+    assert free[-1].finish_reason in ("stop", "length")
     monkeypatch.setattr(grammar_masks, "bitmask_fill", fill)
-    assert token_ids(results[1]) == token_ids(collect(engine, [free_request(1)])[0])
+    assert token_ids(free) == token_ids(collect(engine, [free_request(1)])[0])
     assert matchers and all(m.freed for m in matchers)
 
 
