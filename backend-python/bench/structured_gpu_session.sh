@@ -5,10 +5,11 @@
 # 100% of the requests under a JSON schema), the same 100% run with the Python tokenizer encoding
 # forced text (ALBATROSS_GRAMMAR_ENCODER=python, the A/B of albatross/grammar_vocabulary.py), mask
 # filling on this machine's CPUs (bench/mask_scaling.py, also beside a busy Python thread) and the
-# host-overhead simulation. About eight minutes; everything lands in $OUT (log.txt, tests.log,
-# structured.json, structured_python.json).
+# host-overhead simulation. Everything lands in $OUT (log.txt, tests.log, structured.json,
+# structured_python.json). The defaults (tests, benchmark, A/B: about 9 minutes) fit one call;
+# the CPU-side measurements are a second one: TESTS=0 BENCH=0 AB=0 MASKS=1 HOST=1.
 #   bash backend-python/bench/structured_gpu_session.sh      (from the repository root; .whl/ carried)
-# Knobs: TESTS=0, BENCH=0, AB=0, MASKS=0, HOST=0, SLICES=1 (one more 100% run with
+# Knobs: TESTS=0, BENCH=0, AB=0, MASKS=1, HOST=1, SLICES=1 (one more 100% run with
 # ALBATROSS_GRAMMAR_SLICES=fine), SHAPE (7.2b), BATCH (960), TEST_TIMEOUT (240), BENCH_TIMEOUT (240).
 set -uo pipefail
 . "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
@@ -55,13 +56,13 @@ if [ "${SLICES:-0}" = 1 ]; then
       --batch "${BATCH:-960}" --fractions 0,1 --schemas 1 --json "$OUT/structured_fine.json" 2>&1 | tee -a "$log" | tail -6
 fi
 
-if [ "${MASKS:-1}" = 1 ]; then
+if [ "${MASKS:-0}" = 1 ]; then
   echo "== mask filling on this machine's CPUs, 960 matchers" | tee -a "$log"
   timeout 240 python3 bench/mask_scaling.py --matchers 960 --steps 30 --threads 1,4,12 --vocabulary native 2>&1 | tee -a "$log"
   timeout 200 python3 bench/mask_scaling.py --matchers 960 --steps 10 --threads 12 --busy 2>&1 | tee -a "$log"
 fi
 
-if [ "${HOST:-1}" = 1 ]; then
+if [ "${HOST:-0}" = 1 ]; then
   for fraction in 0.1 1.0; do
     echo "== host overhead, simulated H200 steps, $fraction constrained, this machine's CPUs" | tee -a "$log"
     timeout 150 python3 bench/host_overhead.py --constrained "$fraction" 2>&1 | tee -a "$log" | tail -3
