@@ -6,7 +6,7 @@
 # forced text (ALBATROSS_GRAMMAR_ENCODER=python, the A/B of albatross/grammar_vocabulary.py), mask
 # filling on this machine's CPUs (bench/mask_scaling.py, also beside a busy Python thread) and the
 # host-overhead simulation. Everything lands in $OUT (log.txt, tests.log, structured.json,
-# structured_python.json). The defaults (tests, benchmark, A/B: about 9 minutes) fit one call;
+# structured_python.json). The defaults (tests, benchmark, A/B; the benchmark took 45 s in session 5) fit one call;
 # the CPU-side measurements are a second one: TESTS=0 BENCH=0 AB=0 MASKS=1 HOST=1.
 #   bash backend-python/bench/structured_gpu_session.sh      (from the repository root; .whl/ carried)
 # Knobs: TESTS=0, BENCH=0, AB=0, MASKS=1, HOST=1, SLICES=1 (one more 100% run with
