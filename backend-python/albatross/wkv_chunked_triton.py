@@ -238,7 +238,9 @@ def wkv7_chunked_triton(
     when the caller keeps one per batch (built here otherwise). With `segment` > 0 the slots are
     also cut into segments of that many tokens, run in parallel (the module's docstring says
     how); `plan` is `SegmentPlan.build(lengths, segment, device)` when the caller keeps one per
-    batch. `state` is updated in place."""
+    batch. The plan places the segments by `lengths` alone, so the slots' rows must follow one
+    another in order (`cu_seqlens` their prefix sums, as `ops.FlatBatch` builds them). `state` is
+    updated in place."""
     _check(state, slot_idx, cu_seqlens, (r, w, k, v, a, b), lengths, block_values)
     total, C = r.shape
     H = state.shape[1]
