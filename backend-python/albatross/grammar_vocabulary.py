@@ -6,26 +6,28 @@ tokenizer it calls back into Python for that from its own worker threads, and ev
 the GIL (and build a Python thread state for a thread that has none). Masks of different lexer
 shards then wait for the GIL in turn, and all of them wait behind whatever Python the engine's
 own thread runs meanwhile: `bench/mask_scaling.py --busy` on a 2-core machine filled 480 masks in
-1,250-1,430 ms with one busy Python thread beside them, against 57-61 ms with the native encoder
-(and in 29 ms rather than 36 ms on two shard threads with no busy thread).
+1,393-1,553 ms on one thread beside a busy Python thread, against 57.5-62.0 ms with the native
+encoder (and in 29.9 ms rather than 35.3 ms on two shard threads with no busy thread).
 
-So the encoding llguidance calls is a function compiled by numba (a C function, which never takes the GIL) that walks
-a trie packed into one int32 array: greedy longest match over the bytes, which is the RWKV World
-encoding itself (albatross/tokenizer.py), so the masks are the ones the Python tokenizer gives
-(tests/test_grammar_vocabulary.py compares both, and the encodings on random text and bytes). It
-reaches llguidance through `LLTokenizer.from_llamacpp`, the entry point for a native tokenize
-function (`vocab_ptr` is the packed trie's address). Without numba the Python tokenizer is used,
-with one warning; `ALBATROSS_GRAMMAR_ENCODER=python` chooses it too (for comparisons, and as a way
-out should numba misbehave on a platform).
+So the encoding llguidance calls is a C function compiled by numba (which never takes the GIL)
+walking a trie packed into one int32 array: greedy longest match over the bytes, which is the
+RWKV World encoding itself (albatross/tokenizer.py), so the masks are the ones the Python
+tokenizer gives (tests/test_grammar_vocabulary.py compares both, and the encodings on random text
+and bytes). It reaches llguidance through `LLTokenizer.from_llamacpp`, the entry point for a
+native tokenize function (`vocab_ptr` is the packed trie's address). Without numba the Python
+tokenizer is used, with one warning; `ALBATROSS_GRAMMAR_ENCODER=python` chooses it too (for
+comparisons, and as a way out should numba misbehave on a platform).
 
 `ALBATROSS_GRAMMAR_SLICES=fine` gives llguidance finer "slices" (`FINE_SLICES`): token sets it
 precomputes per regex and ORs into a mask wherever the lexer state allows every string of the
 regex, so that only the rest of the vocabulary is walked. Its JSON defaults are runs of 1-10, 1-30
 and any number of string characters, so inside a string with `maxLength` and fewer than 30
 characters left only the 1-10 run applies; finer steps measured 43-48% less time per mask along
-`maxLength` 24 and 32 strings on one thread, with the same masks bit for bit. On the H200 they were
-4.5% slower at 100% constrained, measured while the Python tokenizer still held the mask threads
-back, so the default stays the library's until the native encoder is measured with both.
+`maxLength` 24 and 32 strings on one thread, with the same masks bit for bit; over the uniform
+walk of mask_scaling.py they fill 13% faster but make the advance (on a step's critical path)
+twice as slow. On the H200 they were 4.5% slower at 100% constrained, measured while the Python
+tokenizer still held the mask threads back, so the default stays the library's until the native
+encoder is measured with both.
 """
 
 from __future__ import annotations
