@@ -28,7 +28,7 @@ print({name: result.how for name, result in cuda_ops.enable_cuda_kernels().items
         tests/test_cuda_kernels.py 2>&1 | tail -4 | tee -a "$log"
   fi
   timeout 240 python3 bench/bench_gemv.py --rows 1,2 --json "$OUT/$1-gemv.json" 2>&1 | tee -a "$log" | tail -14
-  timeout 240 python3 bench/bench_int8.py kernels --rows 1,2 --only gemv --json "$OUT/$1-int8.jsonl" 2>&1 | tee -a "$log" | tail -14
+  timeout 240 python3 bench/bench_int8.py kernels --rows 1,2 --only GEMV --json "$OUT/$1-int8.jsonl" 2>&1 | tee -a "$log" | tail -14
   if [ "${MODEL:-1}" = 1 ]; then
     timeout 300 python3 bench/bench_model.py --shape "${SHAPE:-7.2b}" --batches 1 --graph-batches 1 --fp16-graph-batches 1 \
         --steps 10 --skip-accuracy --json "$OUT/$1-model.json" 2>&1 | tee -a "$log" | tail -8
