@@ -10,6 +10,7 @@ prefix states when the worker process keeps no cache of its own), never per step
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields
 from typing import TYPE_CHECKING, Any, Union
@@ -64,14 +65,27 @@ class TaskContext:
 
     tokenizer: Tokenizer
     initial_states: dict[str, EngineInitialState] = field(default_factory=dict)  # by state id
-    _grammars: ConstraintCompiler | None = None  # built at the first grammar (the vocabulary's trie)
+    _grammars: ConstraintCompiler | None = None  # the vocabulary's trie and encoder: ~1 s to build
+    _grammars_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def compiler(self) -> ConstraintCompiler:
+        """This process's grammar compiler, built at the first call (`warm_in_background` makes
+        that call at the worker's start, so that the first constrained request, and every message
+        the pipe reader would take meanwhile, does not wait for it)."""
+        with self._grammars_lock:
+            if self._grammars is None:
+                from albatross.constraints import ConstraintCompiler
+
+                self._grammars = ConstraintCompiler(self.tokenizer)
+            return self._grammars
+
+    def warm_in_background(self) -> threading.Thread:
+        thread = threading.Thread(target=self.compiler, name="grammar-vocabulary", daemon=True)
+        thread.start()
+        return thread
 
     def grammar(self, text: str) -> CompiledGrammar:
-        if self._grammars is None:
-            from albatross.constraints import ConstraintCompiler
-
-            self._grammars = ConstraintCompiler(self.tokenizer)
-        return self._grammars.compile(text)
+        return self.compiler().compile(text)
 
 
 

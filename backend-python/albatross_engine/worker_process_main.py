@@ -269,6 +269,7 @@ def _store(spec: WorkerProcessSpec, link: ServerLink, worker: Worker) -> Process
 def _serve(connection: Connection, link: ServerLink, worker: Worker, tasks: dict[int, EngineTask], store: ProcessStateStore | None) -> None:
     """Read the server's messages until STOP or until the pipe closes (the server is gone)."""
     context = wire.TaskContext(worker.tokenizer)  # state files' states by id, this process's grammar compiler
+    context.warm_in_background()
     while True:
         try:
             message = pickle.loads(connection.recv_bytes())

@@ -114,3 +114,12 @@ def test_plain_deltas_handed_on_unbuilt_merge_into_the_event_their_events_would_
     assert wire.merge_items(packed[0], [packed[1], events[2]], prompt_tokens=4) == expected
     assert wire.merge_items(packed[0], [packed[1]], prompt_tokens=4) == merge_events(events[0], events[1:2])
     assert wire.merge_items(packed[0], [], prompt_tokens=4) == events[0]
+
+
+def test_the_grammar_compiler_is_built_once_and_can_be_warmed_ahead() -> None:
+    context = wire.TaskContext(get_tokenizer())
+    context.warm_in_background().join(timeout=60)
+    compiler = context.compiler()
+    assert context.compiler() is compiler
+    grammar = context.grammar('start: "a"\n')
+    assert grammar is compiler.compile('start: "a"\n')  # one compiler, one cache
