@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import zlib
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -86,7 +87,9 @@ class Case:
 
 
 def _case(shape: str) -> Case:
-    generator = torch.Generator().manual_seed(hash(shape) % 1000)
+    # A stable seed: hash() of a str changes from one process to the next (PYTHONHASHSEED), which
+    # made these statistical checks run on new logits each time and fail now and then.
+    generator = torch.Generator().manual_seed(zlib.crc32(shape.encode()) % 1000)
     none = torch.zeros(VOCAB)
     if shape == "spread":
         return Case(torch.randn(VOCAB, generator=generator) * 3, none, (), None)
