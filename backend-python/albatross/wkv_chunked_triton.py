@@ -249,44 +249,53 @@ def wkv7_chunked_triton(
     longest = max(lengths, default=0)
     if slots == 0 or longest == 0:
         return y
+    launch = _Launch((r, w, k, v, a, b), y, block_values, precision, num_warps)
     with torch.cuda.device(r.device) if r.is_cuda else contextlib.nullcontext():  # Triton launches on the current device
         if segment:
-            if plan is None:
-                plan = SegmentPlan.build(lengths, segment, r.device)
-            _launch_segmented(state, slot_idx, plan, y, (r, w, k, v, a, b), len(lengths), block_values, precision, num_warps)
+            _launch_segmented(state, slot_idx, plan or SegmentPlan.build(lengths, segment, r.device), launch, slots)
             return y
         host_offsets = chunk_offsets(lengths)
         if offsets is None:
             offsets = ops.host_to_device(torch.tensor(host_offsets, dtype=torch.int32), r.device)
         inverse = torch.empty(host_offsets[-1], H, CHUNK, CHUNK, dtype=torch.float32, device=r.device)
-        _launch(state, slot_idx, cu_seqlens, offsets, inverse, y, (r, w, k, v, a, b), lengths, block_values, precision, num_warps)
+        launch.inverses(cu_seqlens, offsets, inverse, slots, longest)
+        launch.scan(state, slot_idx, cu_seqlens, offsets, inverse, slots, transition=False)
     return y
 
 
-def _launch(
-    state: torch.Tensor,
-    slot_idx: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    offsets: torch.Tensor,
-    inverse: torch.Tensor,
-    y: torch.Tensor,
-    inputs: tuple[torch.Tensor, ...],
-    lengths: tuple[int, ...] | list[int],
-    block_values: int,
-    precision: str,
-    num_warps: int,
-) -> None:
-    r, w, k, v, a, b = inputs
-    slots, longest, H = len(lengths), max(lengths), state.shape[1]
-    _chunk_inverse_kernel[(slots, -(-longest // CHUNK), H)](
-        w, a, b, w.stride(0), a.stride(0), b.stride(0), cu_seqlens, offsets, inverse,
-        H=H, N=HEAD, L=CHUNK, PRECISION=precision, num_warps=num_warps,
-    )  # fmt: skip
-    _chunk_scan_kernel[(slots, H, HEAD // block_values)](
-        state, slot_idx, cu_seqlens, offsets, inverse, y, r, w, k, v, a, b,
-        r.stride(0), w.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), y.stride(0),
-        SPAN_LIMIT, H=H, N=HEAD, L=CHUNK, BV=block_values, PRECISION=precision, TRANSITION=False, num_warps=num_warps,
-    )  # fmt: skip
+@dataclass(frozen=True, slots=True)
+class _Launch:
+    """One call's inputs and kernel settings, with the launches both forms share: `inverses` (one
+    program per (slot or segment, chunk, head)) and `scan` (one per (slot or segment, head, block of
+    state rows); in transition mode the rows are those of [0; I], twice as many)."""
+
+    inputs: tuple[torch.Tensor, ...]  # r, w, k, v, a, b
+    y: torch.Tensor
+    block_values: int
+    precision: str
+    num_warps: int
+
+    @property
+    def heads(self) -> int:
+        return self.inputs[0].shape[1] // HEAD
+
+    def inverses(self, cu: torch.Tensor, offsets: torch.Tensor, inverse: torch.Tensor, runs: int, longest: int) -> None:
+        _, w, _, _, a, b = self.inputs
+        _chunk_inverse_kernel[(runs, -(-longest // CHUNK), self.heads)](
+            w, a, b, w.stride(0), a.stride(0), b.stride(0), cu, offsets, inverse,
+            H=self.heads, N=HEAD, L=CHUNK, PRECISION=self.precision, num_warps=self.num_warps,
+        )  # fmt: skip
+
+    def scan(
+        self, state: torch.Tensor, slot_idx: torch.Tensor, cu: torch.Tensor, offsets: torch.Tensor, inverse: torch.Tensor, runs: int, transition: bool
+    ) -> None:
+        rows = 2 * HEAD if transition else HEAD
+        strides = (*(x.stride(0) for x in self.inputs), self.y.stride(0))
+        _chunk_scan_kernel[(runs, self.heads, rows // self.block_values)](
+            state, slot_idx, cu, offsets, inverse, self.y, *self.inputs, *strides, SPAN_LIMIT,
+            H=self.heads, N=HEAD, L=CHUNK, BV=self.block_values, PRECISION=self.precision, TRANSITION=transition,
+            num_warps=self.num_warps,
+        )  # fmt: skip
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,13 +303,14 @@ class SegmentPlan:
     """One call's segments (built once per batch and shared by its layers): `seg_cu` (int32, the
     segments' row bounds), `seg_offsets` (int32, each segment's first chunk in the inverse
     scratch), `seg_first` (int32, each slot's first segment, slots + 1 entries), `seg_ids`
-    (int32, 0..segments-1), and the host-side segment lengths."""
+    (int32, 0..segments-1), the host-side segment lengths and their number of chunks in all."""
 
     seg_cu: torch.Tensor
     seg_offsets: torch.Tensor
     seg_first: torch.Tensor
     seg_ids: torch.Tensor
     lengths: tuple[int, ...]
+    chunks: int
 
     @classmethod
     def build(cls, lengths: tuple[int, ...] | list[int], segment: int, device: torch.device) -> SegmentPlan:
@@ -319,41 +329,22 @@ class SegmentPlan:
         host = torch.tensor([*bounds, *offsets, *first, *range(len(pieces))], dtype=torch.int32)
         ints = ops.host_to_device(host, device)
         a, b, c = len(bounds), 2 * len(bounds), 2 * len(bounds) + len(first)
-        return cls(ints[:a], ints[a:b], ints[b:c], ints[c:], tuple(pieces))
+        return cls(ints[:a], ints[a:b], ints[b:c], ints[c:], tuple(pieces), offsets[-1])
 
 
-def _launch_segmented(
-    state: torch.Tensor,
-    slot_idx: torch.Tensor,
-    plan: SegmentPlan,
-    y: torch.Tensor,
-    inputs: tuple[torch.Tensor, ...],
-    slots: int,
-    block_values: int,
-    precision: str,
-    num_warps: int,
-) -> None:
-    r, w, k, v, a, b = inputs
-    H, pieces = state.shape[1], plan.lengths
-    segments, longest = len(pieces), max(pieces)
-    inverse = torch.empty(chunk_offsets(pieces)[-1], H, CHUNK, CHUNK, dtype=torch.float32, device=r.device)
-    maps = torch.empty(segments, H, 2 * HEAD, HEAD, dtype=torch.float32, device=r.device)
-    starts = torch.empty(segments, H, HEAD, HEAD, dtype=torch.float32, device=r.device)
-    strides = (r.stride(0), w.stride(0), k.stride(0), v.stride(0), a.stride(0), b.stride(0), y.stride(0))
-    common = {"H": H, "N": HEAD, "L": CHUNK, "BV": block_values, "PRECISION": precision, "num_warps": num_warps}
-    _chunk_inverse_kernel[(segments, -(-longest // CHUNK), H)](
-        w, a, b, w.stride(0), a.stride(0), b.stride(0), plan.seg_cu, plan.seg_offsets, inverse,
-        H=H, N=HEAD, L=CHUNK, PRECISION=precision, num_warps=num_warps,
+def _launch_segmented(state: torch.Tensor, slot_idx: torch.Tensor, plan: SegmentPlan, launch: _Launch, slots: int) -> None:
+    H, segments, longest = state.shape[1], len(plan.lengths), max(plan.lengths)
+    device = state.device
+    inverse = torch.empty(plan.chunks, H, CHUNK, CHUNK, dtype=torch.float32, device=device)
+    maps = torch.empty(segments, H, 2 * HEAD, HEAD, dtype=torch.float32, device=device)
+    starts = torch.empty(segments, H, HEAD, HEAD, dtype=torch.float32, device=device)
+    launch.inverses(plan.seg_cu, plan.seg_offsets, inverse, segments, longest)
+    launch.scan(maps, plan.seg_ids, plan.seg_cu, plan.seg_offsets, inverse, segments, transition=True)
+    _segment_carry_kernel[(slots, H, HEAD // launch.block_values)](
+        state, slot_idx, plan.seg_first, maps, starts,
+        H=H, N=HEAD, BV=launch.block_values, PRECISION=launch.precision, num_warps=launch.num_warps,
     )  # fmt: skip
-    _chunk_scan_kernel[(segments, H, 2 * HEAD // block_values)](
-        maps, plan.seg_ids, plan.seg_cu, plan.seg_offsets, inverse, y, *inputs, *strides, SPAN_LIMIT, TRANSITION=True, **common,
-    )  # fmt: skip
-    _segment_carry_kernel[(slots, H, HEAD // block_values)](
-        state, slot_idx, plan.seg_first, maps, starts, H=H, N=HEAD, BV=block_values, PRECISION=precision, num_warps=num_warps,
-    )  # fmt: skip
-    _chunk_scan_kernel[(segments, H, HEAD // block_values)](
-        starts, plan.seg_ids, plan.seg_cu, plan.seg_offsets, inverse, y, *inputs, *strides, SPAN_LIMIT, TRANSITION=False, **common,
-    )  # fmt: skip
+    launch.scan(starts, plan.seg_ids, plan.seg_cu, plan.seg_offsets, inverse, segments, transition=False)
 
 
 def _check(

@@ -154,5 +154,6 @@ def test_segment_plan_cuts_slots_into_segments() -> None:
     assert plan.seg_first.tolist() == [0, 3, 3, 4, 5]
     assert plan.seg_offsets.tolist() == [0, 16, 32, 38, 39, 55]
     assert plan.seg_ids.tolist() == [0, 1, 2, 3, 4]
+    assert plan.chunks == 55  # the inverse scratch: 16 + 16 + 6 + 1 + 16 chunks
     with pytest.raises(ValueError, match="multiple of 16"):
         SegmentPlan.build([10], 24, torch.device("cpu"))
