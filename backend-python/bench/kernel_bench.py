@@ -21,11 +21,9 @@ def require_kernel(script: str, library: str, what: str) -> str:
     return loaded.describe()
 
 
-def event_ms(call: Callable[[], object], iters: int) -> float:
-    """Mean milliseconds of `call` over `iters` back-to-back calls, timed by CUDA events after one
-    untimed warm-up call (kernel loading, Triton compiles) has finished."""
-    call()
-    torch.cuda.synchronize()
+def timed_ms(call: Callable[[], object], iters: int) -> float:
+    """Mean milliseconds of `call` over `iters` back-to-back calls, between two CUDA events (no
+    warm-up: the caller has made one and synchronised)."""
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     start.record()
     for _ in range(iters):
@@ -33,3 +31,10 @@ def event_ms(call: Callable[[], object], iters: int) -> float:
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / iters
+
+
+def event_ms(call: Callable[[], object], iters: int) -> float:
+    """`timed_ms` after one untimed warm-up call (kernel loading, Triton compiles) has finished."""
+    call()
+    torch.cuda.synchronize()
+    return timed_ms(call, iters)

@@ -10,6 +10,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from kernel_bench import timed_ms  # bench/, on the path of every script that imports this
 
 
 def cuda_ms(fn: Callable[[], object], target_ms: float = 200.0, max_reps: int = 50, warmup: int = 2) -> float:
@@ -18,19 +19,9 @@ def cuda_ms(fn: Callable[[], object], target_ms: float = 200.0, max_reps: int = 
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    fn()
-    end.record()
-    end.synchronize()
-    once = start.elapsed_time(end)
+    once = timed_ms(fn, 1)
     reps = max(3, min(max_reps, int(target_ms / max(once, 1e-3))))
-    start.record()
-    for _ in range(reps):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / reps
+    return timed_ms(fn, reps)
 
 
 class Deadline:
