@@ -76,6 +76,17 @@ def config_for(rows: int) -> TileConfig:
 
 
 @triton.jit
+def _grouped_tile(pid, blocks_grouped, blocks_other, GROUP: tl.constexpr):
+    """Program `pid`'s (grouped, other) tile indices: GROUP neighbouring tiles of the grouped
+    dimension run for each tile of the other in turn, so the other operand's tiles are reused
+    from L2 by a group of programs."""
+    in_group = GROUP * blocks_other
+    first = (pid // in_group) * GROUP
+    group_size = tl.minimum(blocks_grouped - first, GROUP)
+    return first + (pid % in_group) % group_size, (pid % in_group) // group_size
+
+
+@triton.jit
 def _w8a16_kernel(
     x_ptr, q_ptr, scale_ptr, y_ptr,
     M, N, K,
@@ -83,15 +94,8 @@ def _w8a16_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
     MAGIC_FP16: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0)
     batch = tl.program_id(1)
-    blocks_m = tl.cdiv(M, BLOCK_M)
-    blocks_n = tl.cdiv(N, BLOCK_N)
-    in_group = GROUP_M * blocks_n
-    first_m = (pid // in_group) * GROUP_M
-    group_size = tl.minimum(blocks_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % in_group) % group_size
-    pid_n = (pid % in_group) // group_size
+    pid_m, pid_n = _grouped_tile(tl.program_id(0), tl.cdiv(M, BLOCK_M), tl.cdiv(N, BLOCK_N), GROUP_M)
 
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -229,15 +233,8 @@ def _w8a16_swap_kernel(
     BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_N: tl.constexpr,
     MAGIC_FP16: tl.constexpr, EVEN_K: tl.constexpr, CONVERT_FIRST: tl.constexpr,
 ):  # fmt: skip
-    pid = tl.program_id(0)
     batch = tl.program_id(1)
-    blocks_n = tl.cdiv(N, BLOCK_N)
-    blocks_m = tl.cdiv(M, BLOCK_M)
-    in_group = GROUP_N * blocks_m
-    first_n = (pid // in_group) * GROUP_N
-    group_size = tl.minimum(blocks_n - first_n, GROUP_N)
-    pid_n = first_n + (pid % in_group) % group_size
-    pid_m = (pid % in_group) // group_size
+    pid_n, pid_m = _grouped_tile(tl.program_id(0), tl.cdiv(N, BLOCK_N), tl.cdiv(M, BLOCK_M), GROUP_N)
 
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
