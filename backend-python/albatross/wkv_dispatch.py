@@ -11,6 +11,7 @@ measured switch point (docs/kernels.md, "Chunked WKV prefill"); benchmarks repla
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,8 +62,25 @@ DEFAULT_POLICY = ChunkedPolicy()
 POLICY = DEFAULT_POLICY  # benchmarks replace it to compare the kernels
 
 _chunked: Any = None  # the Triton module once imported; False when it cannot be
-_offsets_cache: tuple[ops.FlatBatch, torch.Tensor] | None = None  # one batch's chunk offsets, reused by every layer
-_plan_cache: tuple[ops.FlatBatch, int, Any] | None = None  # one batch's SegmentPlan, likewise
+
+
+class _PerBatch:
+    """What one forward call's layers share, built at the first layer (the device copies of its
+    chunk offsets or its segment plan): one entry, replaced by the next batch. The entry is read
+    and replaced whole, so workers on other GPUs may replace it from their threads meanwhile."""
+
+    def __init__(self) -> None:
+        self._entry: tuple[ops.FlatBatch, object, Any] | None = None
+
+    def get(self, batch: ops.FlatBatch, key: object, build: Callable[[], Any]) -> Any:
+        entry = self._entry
+        if entry is None or entry[0] is not batch or entry[1] != key:
+            entry = self._entry = (batch, key, build())
+        return entry[2]
+
+
+_offsets_cache = _PerBatch()  # a batch's chunk offsets, reused by every layer
+_plan_cache = _PerBatch()  # a batch's SegmentPlan, by segment length
 
 
 def chunked_kernel_available() -> bool:
@@ -105,19 +123,12 @@ def wkv7(
 
 
 def _plan(batch: ops.FlatBatch, segment: int) -> Any:
-    global _plan_cache
-    cached = _plan_cache  # read once, as _offsets does
-    if cached is None or cached[0] is not batch or cached[1] != segment:
-        cached = (batch, segment, _chunked.SegmentPlan.build(batch.lengths, segment, batch.cu_seqlens.device))
-        _plan_cache = cached
-    return cached[2]
+    return _plan_cache.get(batch, segment, lambda: _chunked.SegmentPlan.build(batch.lengths, segment, batch.cu_seqlens.device))
 
 
 def _offsets(batch: ops.FlatBatch) -> torch.Tensor:
-    global _offsets_cache
-    cached = _offsets_cache  # read once: workers on other GPUs replace it from their threads
-    if cached is None or cached[0] is not batch:
+    def build() -> torch.Tensor:
         host = torch.tensor(_chunked.chunk_offsets(batch.lengths), dtype=torch.int32)
-        cached = (batch, ops.host_to_device(host, batch.cu_seqlens.device))
-        _offsets_cache = cached
-    return cached[1]
+        return ops.host_to_device(host, batch.cu_seqlens.device)
+
+    return _offsets_cache.get(batch, None, build)
