@@ -23,6 +23,7 @@ import logging
 import os
 import secrets
 import threading
+import types
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -63,13 +64,26 @@ def normalize_strategy(strategy: str) -> str:
     return normalized
 
 
-def _rwkv7_model_class() -> Any:
-    """The package's RWKV-7 class. The package picks its model family when rwkv.model is first
-    imported, so RWKV_V7_ON must be set before that import."""
+def rwkv_model_module() -> types.ModuleType:
+    """The official package's `rwkv.model`, imported with RWKV_V7_ON=1 (it picks its model family
+    at its first import) and without its side effect on torch: that import turns on TF32 for every
+    fp32 CUDA matmul of the process (and cuDNN's benchmark mode), which would silently lower the
+    precision of the Albatross model's fp32 paths in the same server and of the GPU tests' fp32
+    twins. The flags are put back as they were."""
     os.environ["RWKV_V7_ON"] = "1"
-    import rwkv.model
+    backends = torch.backends
+    flags = (backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark)
+    try:
+        import rwkv.model
+    finally:
+        backends.cuda.matmul.allow_tf32, backends.cudnn.allow_tf32, backends.cudnn.benchmark = flags
+    return rwkv.model
 
-    model_class = getattr(rwkv.model, "RWKV_x070", None)
+
+def _rwkv7_model_class() -> Any:
+    """The package's RWKV-7 class."""
+    model_module = rwkv_model_module()
+    model_class = getattr(model_module, "RWKV_x070", None)
     if model_class is None:
         raise RuntimeError("rwkv.model was imported without RWKV_V7_ON=1 earlier in this process; restart the server")
     return model_class

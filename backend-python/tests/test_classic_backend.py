@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import math
+import subprocess
+import sys
 import threading
 from dataclasses import replace
 from pathlib import Path
@@ -14,7 +16,7 @@ import pytest
 import torch
 
 from albatross.sampler import top_logprobs
-from runner.classic_backend import VALID_STRATEGIES, ClassicRWKV, create_backend, normalize_strategy
+from runner.classic_backend import VALID_STRATEGIES, ClassicRWKV, create_backend, normalize_strategy, rwkv_model_module
 from runner.interface import BackendError, GenerationEvent, GenerationRequest, SamplingParams, StateRef
 
 GREEDY = SamplingParams(
@@ -31,9 +33,7 @@ def backend(tiny_checkpoint: Path) -> ClassicRWKV:
 @pytest.fixture(scope="module")
 def package_model(tiny_checkpoint: Path, backend: ClassicRWKV) -> Any:
     """A second, independent instance of the official package's model on the same checkpoint."""
-    import rwkv.model
-
-    return rwkv.model.RWKV(str(tiny_checkpoint.with_suffix("")), "cpu fp32")
+    return rwkv_model_module().RWKV(str(tiny_checkpoint.with_suffix("")), "cpu fp32")
 
 
 @pytest.fixture(scope="module")
@@ -240,3 +240,20 @@ def _wait_for_lock(lock: threading.Lock) -> None:
     with lock:
         pass
 
+
+
+def test_importing_the_package_leaves_torchs_matmul_precision_alone() -> None:
+    """`rwkv.model` turns TF32 on for the whole process when imported; through rwkv_model_module
+    the flags stay as they were (a fresh interpreter: this one imported the package already)."""
+    script = (
+        "import torch\n"
+        "from runner.classic_backend import rwkv_model_module\n"
+        "flags = lambda: (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, torch.backends.cudnn.benchmark)\n"
+        "before = flags()\n"
+        "module = rwkv_model_module()\n"
+        "assert hasattr(module, 'RWKV_x070'), 'not the RWKV-7 family'\n"
+        "assert flags() == before == (False, True, False), (before, flags())\n"
+        "import importlib; importlib.reload(module)\n"
+        "assert flags() != before, 'the package no longer sets the flags: this guard can go'\n"
+    )
+    subprocess.run([sys.executable, "-c", script], check=True, cwd=Path(__file__).parent.parent, timeout=120)

@@ -3,7 +3,6 @@ in our model and in the official `rwkv` package alike, so no server can sample t
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -18,9 +17,9 @@ from albatross.random_checkpoint import (
     random_state_dict,
     write_random_checkpoint,
 )
+from runner.classic_backend import rwkv_model_module
 
-os.environ["RWKV_V7_ON"] = "1"  # must be set before the package is imported
-from rwkv.model import RWKV as ReferenceRWKV
+ReferenceRWKV = rwkv_model_module().RWKV
 
 SHAPE = CheckpointShape(n_layer=2, n_embd=128)
 IDS = (0, *UNDEFINED_IDS)

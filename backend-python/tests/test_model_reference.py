@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -10,9 +9,9 @@ import torch
 
 from albatross.model import RWKV7
 from albatross.state import StatePool
+from runner.classic_backend import rwkv_model_module
 
-os.environ["RWKV_V7_ON"] = "1"  # must be set before the package is imported
-from rwkv.model import RWKV as ReferenceRWKV
+ReferenceRWKV = rwkv_model_module().RWKV
 
 TOLERANCE = 1e-4
 PROMPT_TOKENS = 64

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +12,7 @@ from fastapi.testclient import TestClient
 
 from albatross.tokenizer import get_tokenizer
 from runner.app import create_app
+from runner.classic_backend import rwkv_model_module
 from runner.prompts import chat_prompt
 from runner_fakes import settings_with, sse_payloads
 
@@ -29,10 +29,7 @@ def client(tiny_checkpoint: Path) -> Iterator[TestClient]:
 def rwkv_package_greedy(checkpoint: Path, prompt: str, steps: int) -> list[int]:
     """The official package's greedy continuation (prompt tokens from albatross.tokenizer, which
     test_tokenizer.py holds equal to the package's World tokenizer; building that one takes ~5 s)."""
-    os.environ["RWKV_V7_ON"] = "1"
-    from rwkv.model import RWKV
-
-    model = RWKV(model=str(checkpoint.with_suffix("")), strategy="cpu fp32")
+    model = rwkv_model_module().RWKV(model=str(checkpoint.with_suffix("")), strategy="cpu fp32")
     logits, state = model.forward(get_tokenizer().encode(prompt), None)
     produced: list[int] = []
     for _ in range(steps):

@@ -27,6 +27,7 @@ from fastapi.testclient import TestClient
 from albatross.tokenizer import get_tokenizer
 from pdf_builder import text_pdf
 from runner.app import create_app
+from runner.classic_backend import rwkv_model_module
 from runner.prompts import DEFAULT_CHAT_STOPS
 from runner_fakes import settings_with, sse_payloads
 
@@ -119,10 +120,7 @@ _PACKAGE: dict[str, Any] = {}
 
 def package_model(root: Path) -> Any:
     if "model" not in _PACKAGE:
-        os.environ["RWKV_V7_ON"] = "1"
-        from rwkv.model import RWKV
-
-        _PACKAGE["model"] = RWKV(model=str(root / "models" / "rwkv7-tiny"), strategy="cpu fp32")
+        _PACKAGE["model"] = rwkv_model_module().RWKV(model=str(root / "models" / "rwkv7-tiny"), strategy="cpu fp32")
     return _PACKAGE["model"]
 
 
