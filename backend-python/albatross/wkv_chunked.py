@@ -9,13 +9,14 @@ recurrence with two rank-1 inputs, so with the chunk's cumulative log decay `c_t
 `Bi_t = b_t exp(-c_t)`, `Ki_t = k_t exp(-c_t)`:
 
     M_ab = strict_tril(Ra Bi^T)  M_ak = strict_tril(Ra Ki^T)  M_rb = tril(Rr Bi^T)  M_rk = tril(Rr Ki^T)
-    Z  = (I - M_ab)^-1 (Ra S0^T + M_ak V)          rows z_t, one column per value row of S
-    Y  = Rr S0^T + M_rb Z + M_rk V
+    T  = (I - M_ab)^-1   W = T Ra   U = T M_ak V   Q = Rr + M_rb W   Yv = M_rb U + M_rk V
+    Z  = W S0^T + U                                rows z_t, one column per value row of S
+    Y  = Q S0^T + Yv
     S1 = S0 diag(exp(c_last)) + Z^T (Bi exp(c_last)) + V^T (Ki exp(c_last))
 
-The four L x L matrices and the triangular inverse depend on the inputs only (the kernel
-computes the inverse of every chunk in a parallel pass first); the state goes from chunk to
-chunk through small matrix products, in fp32.
+Everything on the first line depends on the inputs only (the kernel computes it for every chunk
+in a parallel pass first); the state goes from chunk to chunk through four small matrix
+products, in fp32.
 
 Rounding: every pair factor `exp(c_t - c_tau)` is formed as the product of two per-token factors,
 each term with its own few-ulp error, so nothing cancels; but `exp(-c)` overflows once a chunk's
@@ -33,6 +34,15 @@ import torch
 
 CHUNK = 16
 SPAN_LIMIT = 60.0  # exp(60) ~ 1e26: the per-token factors and their products stay finite in fp32
+HEAD = 64
+FACTORS = 6  # what the kernel's parallel pass keeps per (row, head): W, Q, Bd, Kd, U, Yv, each 64 floats
+
+
+def scratch_bytes(rows: int, channels: int) -> int:
+    """The most device memory the Triton kernel's scratch takes in a call of `rows` rows: the fp32
+    factors (FACTORS x 64 a row and head) and, per chunk (at most one a row), its decays and span."""
+    heads = channels // HEAD
+    return 4 * rows * (FACTORS * channels + heads * (HEAD + 1))
 
 
 def wkv7_chunked_torch(
@@ -107,10 +117,17 @@ def _chunk_step(
     M_ak = (Ra @ Ki.mT).masked_fill(~strict, 0)
     M_rb = (Rr @ Bi.mT).masked_fill(~lower, 0)
     M_rk = (Rr @ Ki.mT).masked_fill(~lower, 0)
-    T = unit_lower_inverse(M_ab)  # depends on the inputs only (the kernel computes it in a parallel pass)
-    Z = T @ (Ra @ S.mT + M_ak @ v)  # [S, H, L, Nv]: z_t = S_{t-1} a_t
-    Y = Rr @ S.mT + M_rb @ Z + M_rk @ v
+    # What does not depend on the state (the kernel's parallel pass), in its order of products.
+    T = unit_lower_inverse(M_ab)
+    W = T @ Ra
+    U = T @ (M_ak @ v)
+    Q = Rr + M_rb @ W
+    Yv = M_rb @ U + M_rk @ v
     decay_all = torch.exp(c_last)  # the chunk's whole decay; b exp(c_last - c) = Bi exp(c_last)
+    # The state's part (the kernel's scan).
+    St = S.mT
+    Z = W @ St + U  # [S, H, L, Nv]: z_t = S_{t-1} a_t
+    Y = Q @ St + Yv
     S_new = S * decay_all + Z.mT @ (Bi * decay_all) + v.mT @ (Ki * decay_all)
     span = (-c_last.squeeze(-2)).amax(dim=-1)  # [S, H]: the chunk's largest decay span
     unsafe = ~(span <= SPAN_LIMIT)  # NaN-safe: a NaN span takes the exact path too

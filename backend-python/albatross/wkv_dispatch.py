@@ -27,29 +27,18 @@ class ChunkedPolicy:
     """Take the chunked kernel when the longest slot has at least `min_tokens` tokens and the
     slots that long, times the heads, are at most `max_long_heads` sequential chains (past that
     the sequential kernel's grid fills the GPU and its lower arithmetic wins). `enabled=False`
-    always takes the sequential kernel. `segment_tokens` > 0 runs a chunked call whose longest
-    slot is longer than that in segments of that many tokens, in parallel
-    (`wkv7_chunked_triton(segment=...)`); 0 keeps one walk per slot."""
+    always takes the sequential kernel."""
 
     # Measured on the H200 (docs/performance.md, "Chunked WKV prefill"): the chunked kernel wins
     # for one long slot (1x1024: 0.61 against 0.95 ms a layer, 1x4096: 2.4 against 3.8) and loses
     # from four (4x1024: 1.75 against 0.98), so only one slot's heads may run chunked.
-    min_tokens: int = 256
+    min_tokens: int = 512
     max_long_heads: int = 64
     enabled: bool = True
-    # Off until the H200 measures it (bench/bench_wkv_chunked.py --segments): the segmented kernel
-    # is tested against the twin (the interpreter here, the GPU tests there) but not yet timed.
-    segment_tokens: int = 0
 
     def __post_init__(self) -> None:
         if self.min_tokens < 2 or self.max_long_heads < 1:
             raise ValueError(f"min_tokens must be >= 2 and max_long_heads >= 1, got {self}")
-        if self.segment_tokens < 0 or self.segment_tokens % 16:
-            raise ValueError(f"segment_tokens must be 0 or a positive multiple of 16, got {self.segment_tokens}")
-
-    def segments(self, lengths: tuple[int, ...]) -> int:
-        """The segment length for a chunked call of these slots, or 0 for one walk per slot."""
-        return self.segment_tokens if self.segment_tokens and max(lengths, default=0) > self.segment_tokens else 0
 
     def prefers_chunked(self, lengths: tuple[int, ...], heads: int) -> bool:
         if not self.enabled or not lengths or max(lengths) < self.min_tokens:
@@ -65,8 +54,8 @@ _chunked: Any = None  # the Triton module once imported; False when it cannot be
 
 
 class _PerBatch:
-    """What one forward call's layers share, built at the first layer (the device copies of its
-    chunk offsets or its segment plan): one entry, replaced by the next batch. The entry is read
+    """What one forward call's layers share, built at the first layer (the device copy of its
+    chunk offsets): one entry, replaced by the next batch. The entry is read
     and replaced whole, so workers on other GPUs may replace it from their threads meanwhile."""
 
     def __init__(self) -> None:
@@ -80,7 +69,6 @@ class _PerBatch:
 
 
 _offsets_cache = _PerBatch()  # a batch's chunk offsets, reused by every layer
-_plan_cache = _PerBatch()  # a batch's SegmentPlan, by segment length
 
 
 def chunked_kernel_available() -> bool:
@@ -116,14 +104,9 @@ def wkv7(
         and policy.prefers_chunked(batch.lengths, state.shape[1])
         and chunked_kernel_available()
     ):
-        segment = policy.segments(batch.lengths)
-        where = {"segment": segment, "plan": _plan(batch, segment)} if segment else {"offsets": _offsets(batch)}
-        return _chunked.wkv7_chunked_triton(state, batch.slot_idx, batch.cu_seqlens, r, w, k, v, a, b, batch.lengths, **where)
+        offsets = _offsets(batch)
+        return _chunked.wkv7_chunked_triton(state, batch.slot_idx, batch.cu_seqlens, r, w, k, v, a, b, batch.lengths, offsets)
     return ops.wkv7(state, batch.slot_idx, batch.cu_seqlens, r, w, k, v, a, b, batch.single_token)
-
-
-def _plan(batch: ops.FlatBatch, segment: int) -> Any:
-    return _plan_cache.get(batch, segment, lambda: _chunked.SegmentPlan.build(batch.lengths, segment, batch.cu_seqlens.device))
 
 
 def _offsets(batch: ops.FlatBatch) -> torch.Tensor:

@@ -26,6 +26,7 @@ import dataclasses
 import math
 from dataclasses import dataclass
 
+from albatross import wkv_chunked
 from albatross.checkpoint import ModelConfig, expected_shapes
 from albatross.int8_dispatch import DEQUANTIZE_SLAB
 from albatross.model import stacked_lora_padding
@@ -154,13 +155,16 @@ def state_bytes(request: MemoryRequest) -> int:
     return pool_slots * (shifts + wkv) + request.batch_size * config.vocab_size * 5 + request.batch_size * config.vocab_size // 8
 
 
-def step_bytes(config: ModelConfig, rows: int, slots: int, dtype_bytes: int, weights: str, dequantizes: bool) -> int:
+def step_bytes(config: ModelConfig, rows: int, slots: int, dtype_bytes: int, weights: str, dequantizes: bool, prefill: bool = True) -> int:
     """A forward of `rows` flat rows for `slots` slots: the live per-row temporaries at the time-mix
     peak (~26 `[rows, C]` tensors: the residual, v_first, the mixes, r/k/v, the LoRA outputs, the
-    WKV inputs and output) or the channel mix (`[rows, F]` twice), the head's output and its fp32
-    copy per slot plus the sampler's, and the int8 path's dequantized slab."""
+    WKV inputs and output, and in a `prefill` step the chunked WKV kernel's fp32 scratch during
+    its call, ~24 C bytes a row, as a long prompt takes that kernel) or the channel mix (`[rows, F]` twice), the
+    head's output and its fp32 copy per slot plus the sampler's, and the int8 path's dequantized
+    slab."""
     C, F, V = config.n_embd, config.ffn_size, config.vocab_size
-    per_row = dtype_bytes * max(26 * C, 8 * C + 2 * F)
+    chunked_wkv = wkv_chunked.scratch_bytes(1, C) if prefill else 0
+    per_row = max(dtype_bytes * 26 * C + chunked_wkv, dtype_bytes * (8 * C + 2 * F))
     logits = slots * V * (dtype_bytes + 4 * (1 + SAMPLER_LOGIT_COPIES))
     slab = 0
     if weights == "int8" and dequantizes:
@@ -175,7 +179,7 @@ def graph_bytes(request: MemoryRequest, dequantize_above_rows: int) -> int:
     if not request.cuda_graphs:
         return 0
     config, batch = request.config, request.batch_size
-    largest = step_bytes(config, batch, batch, request.dtype_bytes, request.weights, batch > dequantize_above_rows)
+    largest = step_bytes(config, batch, batch, request.dtype_bytes, request.weights, batch > dequantize_above_rows, prefill=False)
     return largest + sum(graph_buckets(batch)) * config.vocab_size * 4
 
 

@@ -248,9 +248,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile-graph-batches", default="", help="kernel profiles of captured decode steps (fp16 state) at these batches")
     parser.add_argument("--skip-accuracy", action="store_true")
     parser.add_argument("--wkv-chunked", default="on", help="prefill with the chunked WKV kernel where its policy says (on), "
-                        "never (off), or both in turn (on,off)")
-    parser.add_argument("--wkv-segments", default="0", help="with the chunked kernel on: segment_tokens of the policy, one run each "
-                        "(0: one walk per slot; e.g. 0,256 to compare the segmented kernel)")
+                        "never (off), for every slot of 256+ tokens (always), or several in turn (on,off,always)")
     parser.add_argument("--gemv", default="on", help="graph decode with the GEMV kernel for 1-4 rows (on), cuBLAS (off), or both")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
@@ -276,13 +274,14 @@ def main(argv: list[str] | None = None) -> None:
             results.append(result)
             print(asdict(result), flush=True)
         if state_dtype == torch.float32:
-            segments = [int(x) for x in args.wkv_segments.split(",") if x.strip()] or [0]
-            for chunked, segment in [(c, s) for c in _switch(args.wkv_chunked) for s in (segments if c else [0])]:
-                wkv_dispatch.POLICY = wkv_dispatch.ChunkedPolicy(enabled=chunked, segment_tokens=segment)
+            wkv_notes = {"on": "chunked WKV where the policy says", "off": "sequential WKV", "always": "chunked WKV for any slot of 256+"}
+            for setting in [v.strip() for v in args.wkv_chunked.split(",") if v.strip()]:
+                if setting not in wkv_notes:
+                    raise SystemExit(f"--wkv-chunked takes on, off and always; got {setting!r}")
+                wkv_dispatch.POLICY = wkv_dispatch.ChunkedPolicy(enabled=setting != "off", max_long_heads=1 << 30 if setting == "always" else wkv_dispatch.DEFAULT_POLICY.max_long_heads)
                 for prompts, length in ((1, 4096), (64, 512)):
                     result = bench_prefill(model, pool, prompts, length, args.shape, args.prefill_chunk)
-                    result.note += ", sequential WKV" if not chunked else ", chunked WKV where the policy says"
-                    result.note += f", segments of {segment}" if segment else ""
+                    result.note += ", " + wkv_notes[setting]
                     results.append(result)
                     print(asdict(result), flush=True)
             wkv_dispatch.POLICY = wkv_dispatch.DEFAULT_POLICY

@@ -5,18 +5,18 @@ the measurements imply for `albatross.wkv_dispatch.ChunkedPolicy`.
 
     python bench/bench_wkv_chunked.py --json out/wkv_chunked.json
 
-Variants: `--blocks` value rows per program (16/32/64), `--precisions` of the products ("ieee":
-fp32 FMA; "tf32x3": three tf32 tensor-core products, about fp32 accuracy), `--warps` per program,
-and `--segments` (tokens): the segmented kernel, parallel across segments of a slot (32 value rows
-a program, each precision and warp count). The implied `segment_tokens` is the segment length
-whose variant is fastest over the single-slot cases of 1,024+ tokens, if it beats the one-walk
-kernel there (0 otherwise).
+Variants: `--chunks` tokens a chunk (16/32/64), `--blocks` value rows per program (16/32/64),
+`--precisions` of the products ("ieee": fp32 FMA; "tf32x3": three tf32 tensor-core products,
+about fp32 accuracy) and `--warps` per scan program. `--baseline FILE` also times another
+version of `albatross/wkv_chunked_triton.py` (a copy of an earlier commit's, say) at its own
+defaults, for an A/B in the same run; the implied policy ignores it.
 """
 
 from __future__ import annotations
 
 import argparse
 import functools
+import importlib.util
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -54,44 +54,33 @@ class Accuracy:
     state_max_error: float
 
 
-def _kernels(blocks: list[int], precisions: list[str], warps: list[int], segments: list[int]):
+def _kernels(chunks: list[int], blocks: list[int], precisions: list[str], warps: list[int], baseline: Path | None):
     from albatross.wkv_chunked_triton import wkv7_chunked_triton
 
     def sequential(state, inputs, lengths):
         return ops.wkv7(state, inputs.slot_idx, inputs.cu_seqlens, inputs.r, inputs.w, inputs.k, inputs.v, inputs.a, inputs.b)
 
-    def chunked(state, inputs, lengths, **options):
-        return wkv7_chunked_triton(
+    def chunked(state, inputs, lengths, kernel=wkv7_chunked_triton, **options):
+        return kernel(
             state, inputs.slot_idx, inputs.cu_seqlens, inputs.r, inputs.w, inputs.k, inputs.v, inputs.a, inputs.b, lengths=lengths, **options
         )  # fmt: skip
 
     variants = {"sequential": sequential}
+    if baseline is not None:
+        spec = importlib.util.spec_from_file_location("baseline_wkv_chunked_triton", baseline)
+        assert spec and spec.loader, baseline
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[spec.name] = module  # its dataclasses look their module up
+        spec.loader.exec_module(module)
+        variants["baseline (its defaults)"] = functools.partial(chunked, kernel=module.wkv7_chunked_triton)
     for precision in precisions:
-        for num_warps in warps:
-            for block in blocks:
-                variants[f"chunked bv={block} w{num_warps} {precision}"] = functools.partial(
-                    chunked, block_values=block, precision=precision, num_warps=num_warps
-                )
-            for segment in segments:
-                variants[f"segmented s={segment} w{num_warps} {precision}"] = functools.partial(
-                    chunked, segment=segment, precision=precision, num_warps=num_warps
-                )
+        for chunk in chunks:
+            for num_warps in warps:
+                for block in blocks:
+                    variants[f"chunked L={chunk} bv={block} w{num_warps} {precision}"] = functools.partial(
+                        chunked, chunk=chunk, block_values=block, precision=precision, num_warps=num_warps
+                    )
     return variants
-
-
-def implied_segment(timings: list[Timing]) -> int:
-    """The segment length of the fastest segmented variant over the single-slot cases of 1,024+
-    tokens (summed), if it beats the fastest one-walk variant there; else 0."""
-    long_single = [t for t in timings if t.sequences == 1 and t.length >= 1024]
-    totals: dict[str, float] = {}
-    for t in long_single:
-        totals[t.kernel] = totals.get(t.kernel, 0.0) + t.us
-    walks = [us for kernel, us in totals.items() if kernel.startswith("chunked")]
-    segmented = {kernel: us for kernel, us in totals.items() if kernel.startswith("segmented")}
-    if not walks or not segmented:
-        return 0
-    best = min(segmented, key=lambda kernel: segmented[kernel])
-    return int(best.split()[1].removeprefix("s=")) if segmented[best] < min(walks) else 0
 
 
 def recommend(timings: list[Timing], heads: int) -> ChunkedPolicy:
@@ -102,7 +91,7 @@ def recommend(timings: list[Timing], heads: int) -> ChunkedPolicy:
         by_case.setdefault((t.sequences, t.length, t.state), {})[t.kernel] = t.us
     wins = []
     for (sequences, length, _), us in by_case.items():
-        best_chunked = min(v for k, v in us.items() if k != "sequential")
+        best_chunked = min(v for k, v in us.items() if k.startswith("chunked"))
         wins.append((sequences, length, best_chunked < us["sequential"]))
     single = sorted(length for sequences, length, won in wins if sequences == 1 and won and length > 1)
     losing_single = [length for sequences, length, won in wins if sequences == 1 and not won and length > 1]
@@ -117,19 +106,21 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--accuracy-cases", default="1x4096,64x512,16x2048", help="also measured against float64")
     parser.add_argument("--heads", type=int, default=64)
     parser.add_argument("--state-dtypes", default="fp32,fp16")
+    parser.add_argument("--chunks", default="16,32")
     parser.add_argument("--blocks", default="16,32,64")
     parser.add_argument("--precisions", default="ieee,tf32x3")
-    parser.add_argument("--warps", default="8", help="num_warps of the scan kernel, e.g. 8,4 (8: no register spills at bv <= 32)")
-    parser.add_argument("--segments", default="128,256,512", help="segment lengths of the segmented kernel ('' for none)")
+    parser.add_argument("--warps", default="4,8", help="num_warps of the scan kernel")
+    parser.add_argument("--baseline", type=Path, help="another wkv_chunked_triton.py to time beside, at its defaults")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     require_kernel("bench_wkv_chunked", "wkv7", "WKV")
     variants = _kernels(
+        [int(c) for c in args.chunks.split(",")],
         [int(b) for b in args.blocks.split(",")],
         args.precisions.split(","),
         [int(w) for w in args.warps.split(",")],
-        [int(s) for s in args.segments.split(",") if s],
+        args.baseline,
     )
     timings: list[Timing] = []
     accuracy: list[Accuracy] = []
@@ -158,19 +149,18 @@ def main(argv: list[str] | None = None) -> None:
         torch.cuda.empty_cache()
 
     policy = recommend(timings, args.heads)
-    segment = implied_segment(timings)
     print(f"\n{torch.cuda.get_device_name()} | torch {torch.__version__} | {args.heads} heads, fp16 activations")
-    print(f"{'case':<18}{'state':>6}  {'kernel':<30}{'us':>10}{'Mtok/s':>9}")
+    print(f"{'case':<18}{'state':>6}  {'kernel':<34}{'us':>10}{'Mtok/s':>9}")
     for t in timings:
-        print(f"{t.case:<18}{t.state:>6}  {t.kernel:<30}{t.us:>10.1f}{t.mtok_per_s:>9.2f}")
-    print(f"\n{'case':<18}  {'kernel':<30}{'y rel RMS':>11}{'state max err':>15}")
+        print(f"{t.case:<18}{t.state:>6}  {t.kernel:<34}{t.us:>10.1f}{t.mtok_per_s:>9.2f}")
+    print(f"\n{'case':<18}  {'kernel':<34}{'y rel RMS':>11}{'state max err':>15}")
     for a in accuracy:
-        print(f"{a.case:<18}  {a.kernel:<30}{a.y_rel_rms:>11.2e}{a.state_max_error:>15.2e}")
-    print(f"\nimplied policy: ChunkedPolicy(min_tokens={policy.min_tokens}, max_long_heads={policy.max_long_heads}, segment_tokens={segment})")
+        print(f"{a.case:<18}  {a.kernel:<34}{a.y_rel_rms:>11.2e}{a.state_max_error:>15.2e}")
+    print(f"\nimplied policy: ChunkedPolicy(min_tokens={policy.min_tokens}, max_long_heads={policy.max_long_heads})")
     if args.json:
         write_gpu_json(
             args.json, heads=args.heads, timings=[asdict(t) for t in timings], accuracy=[asdict(a) for a in accuracy],
-            implied_policy={"min_tokens": policy.min_tokens, "max_long_heads": policy.max_long_heads, "segment_tokens": segment},
+            implied_policy={"min_tokens": policy.min_tokens, "max_long_heads": policy.max_long_heads},
         )  # fmt: skip
 
 

@@ -2,14 +2,14 @@
 # The issue-16 kernels on one H200 (more than one 10-minute call in all: run TESTS/WKV and GEMV/MODEL
 # in separate calls with the knobs below): make the GEMV library for this
 # GPU, run the GPU tests of the chunked WKV prefill (Triton) and the GEMV, time WKV sequential vs
-# chunked and segmented (1x4096, 64x512, 16x2048 and edge sizes, with the switch point they imply), the GEMV vs
+# chunked (1x4096, 64x512, 16x2048 and edge sizes, with the switch point they imply), the GEMV vs
 # cuBLAS at 1-4 rows, and the model's prefill / batch-1 decode with each kernel on and off.
 # Everything lands in $OUT (at most 9 files: log, tests, three JSONs, two benchmark logs, and with
 # BUILD=1 the manifest and gemv.so).
 #   OUT=/tmp/out bash backend-python/bench/speed_gpu_session.sh      (from the repository root)
 # Every library, gemv included, loads from the committed binaries of manifest.json; BUILD=1 first
 # rebuilds gemv for sm90 with build_kernels.py in this copy of the tree (after a source edit).
-# Knobs: BUILD=1, TESTS=0, WKV=0, GEMV=0, MODEL=0, TEST_TIMEOUT, WKV_ARGS (bench_wkv_chunked.py),
+# Knobs: BUILD=1, TESTS=0, TEST_FILES, WKV=0, GEMV=0, MODEL=0, TEST_TIMEOUT, WKV_ARGS (bench_wkv_chunked.py),
 # MODEL_ARGS (bench_model.py).
 set -uo pipefail
 cd "$(dirname "$0")/../.."
@@ -41,8 +41,8 @@ print({name: r.how for name, r in results.items()}, 'gemv enabled:', linear.gemv
 
 if [ "${TESTS:-1}" = 1 ]; then
   echo "== tests" | tee -a "$log"
-  (cd backend-python && timeout "${TEST_TIMEOUT:-300}" $PY -m pytest tests/test_wkv_chunked_cuda.py tests/test_gemv_cuda.py \
-      tests/test_cuda_kernels.py tests/test_model_cuda.py tests/test_kernel_loader.py \
+  TEST_FILES=${TEST_FILES:-tests/test_wkv_chunked_cuda.py tests/test_gemv_cuda.py tests/test_cuda_kernels.py tests/test_model_cuda.py tests/test_kernel_loader.py}
+  (cd backend-python && timeout "${TEST_TIMEOUT:-300}" $PY -m pytest $TEST_FILES \
       -q -n 4 -p no:cacheprovider --durations=8 2>&1) | tee "$OUT/tests.log" | tail -30 | tee -a "$log"
 fi
 
@@ -60,6 +60,6 @@ fi
 if [ "${MODEL:-1}" = 1 ]; then
   echo "== model: prefill with/without the chunked WKV, batch-1 graph decode with/without the GEMV" | tee -a "$log"
   (cd backend-python && timeout 300 $PY bench/bench_model.py --batches 1,960 --graph-batches 1 --steps 10 --skip-accuracy \
-      --wkv-chunked on,off --wkv-segments 0,256 --gemv on,off ${MODEL_ARGS:-} --json "$OUT/bench_model.json" 2>&1) \
+      --wkv-chunked on,off --gemv on,off ${MODEL_ARGS:-} --json "$OUT/bench_model.json" 2>&1) \
       | tee "$OUT/bench_model.log" | grep -v "^{" | tail -20 | tee -a "$log"
 fi

@@ -32,18 +32,3 @@ def test_the_switch_point_is_the_shortest_winning_prompt_and_the_widest_winning_
 def test_no_win_gives_a_policy_that_never_takes_the_chunked_kernel_for_measured_lengths() -> None:
     policy = recommend(_timings({(1, 64): (60, 90), (1, 4096): (3900, 4100)}), heads=64)
     assert not policy.prefers_chunked((4096,), heads=64)
-
-
-def test_the_implied_segment_is_the_fastest_segmented_variant_that_beats_one_walk() -> None:
-    from bench_wkv_chunked import implied_segment
-
-    def row(length: int, kernel: str, us: float) -> Timing:
-        return Timing(f"prefill 1x{length}", 1, length, "fp32", kernel, us, 0.0)
-
-    rows = [row(4096, "sequential", 3800), row(4096, "chunked bv=32 w8 tf32x3", 2400), row(1024, "chunked bv=32 w8 tf32x3", 610)]
-    rows += [row(4096, "segmented s=256 w8 tf32x3", 900), row(1024, "segmented s=256 w8 tf32x3", 400)]
-    rows += [row(4096, "segmented s=128 w8 tf32x3", 1000), row(1024, "segmented s=128 w8 tf32x3", 350)]
-    rows += [row(256, "segmented s=128 w8 tf32x3", 1.0)]  # short cases do not count
-    assert implied_segment(rows) == 256
-    slower = [r for r in rows if not r.kernel.startswith("segmented")] + [row(4096, "segmented s=256 w8 tf32x3", 2900), row(1024, "segmented s=256 w8 tf32x3", 700)]
-    assert implied_segment(slower) == 0

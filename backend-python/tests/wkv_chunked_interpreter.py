@@ -26,26 +26,25 @@ from albatross.wkv_chunked_triton import wkv7_chunked_triton
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 # (name, lengths, heads, activations, state, value block, log-decay scale or None, strided rows,
-# segment or None: the segmented kernel, parallel across segments of that many tokens)
+# chunk length)
 CASES = [
-    ("one token", [1], 1, "fp32", "fp32", 16, None, False),
-    ("one chunk exactly", [16], 2, "fp32", "fp32", 32, None, False),
-    ("one past a chunk", [17], 1, "fp32", "fp32", 64, None, False),
-    ("mixed slots, an empty one", [5, 1, 130, 0, 17], 2, "fp16", "fp32", 16, None, False),
-    ("fp16 state", [33, 2], 1, "fp16", "fp16", 32, None, False),
-    ("bf16 state", [40], 1, "bf16", "bf16", 16, None, False),
-    ("strided rows", [20, 9], 1, "fp16", "fp32", 16, None, True),
-    ("decays outside the model's range", [40, 3], 1, "fp32", "fp32", 64, 3.0, False),
-    ("257 tokens", [257], 1, "fp16", "fp32", 64, None, False),  # 4,097 runs on the GPU (test_wkv_chunked_cuda.py)
-    ("segments: mixed slots, an empty one, a partial last segment", [100, 1, 0, 65, 32], 2, "fp32", "fp32", 32, None, False, 32),
-    ("segments: fp16 state", [70], 1, "fp16", "fp16", 16, None, False, 32),
-    ("segments: bf16 state, strided rows", [48, 20], 1, "bf16", "bf16", 64, None, True, 16),
-    ("segments: decays outside the model's range", [50, 3], 1, "fp32", "fp32", 32, 3.0, False, 16),
+    ("one token", [1], 1, "fp32", "fp32", 16, None, False, 16),
+    ("one chunk exactly", [16], 2, "fp32", "fp32", 32, None, False, 16),
+    ("one past a chunk", [17], 1, "fp32", "fp32", 64, None, False, 16),
+    ("mixed slots, an empty one", [5, 1, 130, 0, 17], 2, "fp16", "fp32", 16, None, False, 16),
+    ("fp16 state", [33, 2], 1, "fp16", "fp16", 32, None, False, 16),
+    ("bf16 state", [40], 1, "bf16", "bf16", 16, None, False, 16),
+    ("strided rows", [20, 9], 1, "fp16", "fp32", 16, None, True, 16),
+    ("decays outside the model's range", [40, 3], 1, "fp32", "fp32", 64, 3.0, False, 16),
+    ("257 tokens", [257], 1, "fp16", "fp32", 64, None, False, 16),  # 4,097 runs on the GPU (test_wkv_chunked_cuda.py)
+    ("chunks of 32: mixed slots, an empty one", [70, 0, 5, 32], 2, "fp32", "fp32", 16, None, False, 32),
+    ("chunks of 32: decays outside the model's range", [50, 3], 1, "fp32", "fp32", 32, 3.0, False, 32),
+    ("chunks of 64: fp16 state, strided rows", [130, 1], 1, "fp16", "fp16", 32, None, True, 64),
 ]
 
 
 def run_case(
-    name: str, lengths: list[int], heads: int, act: str, state_dtype: str, block: int, scale: float | None, strided: bool, segment: int | None = None
+    name: str, lengths: list[int], heads: int, act: str, state_dtype: str, block: int, scale: float | None, strided: bool, chunk: int
 ) -> dict:
     gen = torch.Generator().manual_seed(len(name))
     inputs = wkv_inputs(lengths, heads, DTYPES[act], gen, log_decay_scale=scale)
@@ -55,9 +54,9 @@ def run_case(
     slot_idx, cu = flat_batch_args(lengths, pool, gen)
     state = (torch.randn(pool, heads, 64, 64, generator=gen) * 0.3).to(DTYPES[state_dtype])
     twin_state = state.clone()
-    twin_y = wkv7_chunked_torch(twin_state, slot_idx, cu, *inputs)
+    twin_y = wkv7_chunked_torch(twin_state, slot_idx, cu, *inputs, chunk=chunk)
     kernel_state = state.clone()
-    kernel_y = wkv7_chunked_triton(kernel_state, slot_idx, cu, *inputs, lengths=lengths, block_values=block, segment=segment or 0)
+    kernel_y = wkv7_chunked_triton(kernel_state, slot_idx, cu, *inputs, lengths=lengths, block_values=block, chunk=chunk)
     untouched = [s for s in range(pool) if s not in slot_idx.tolist()]
     return {
         "case": name,
