@@ -112,7 +112,11 @@ def _chunk_scan_kernel(
     stride_r, stride_w, stride_k, stride_v, stride_a, stride_b, stride_y,
     span_limit, total,
     H: tl.constexpr, N: tl.constexpr, L: tl.constexpr, BV: tl.constexpr, F: tl.constexpr, PRECISION: tl.constexpr,
+    KEY_MAJOR: tl.constexpr,
 ):  # fmt: skip
+    # KEY_MAJOR: the program holds its state rows transposed, [N(key), BV], so every product takes
+    # the state and the factors as they are (Bd and Kd are loaded transposed) and no computed tile
+    # is transposed on the way; otherwise [BV, N], the state's own layout.
     s, h, vb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t0 = tl.load(cu_ptr + s)
     t1 = tl.load(cu_ptr + s + 1)
@@ -121,8 +125,11 @@ def _chunk_scan_kernel(
         kj = tl.arange(0, N)
         t_idx = tl.arange(0, L)
         slot = tl.load(slot_idx_ptr + s).to(tl.int64)
-        state_offsets = ((slot * H + h) * N + vi[:, None]) * N + kj[None, :]
-        S = tl.load(state_ptr + state_offsets).to(tl.float32)  # [BV, N]
+        if KEY_MAJOR:
+            state_offsets = ((slot * H + h) * N + vi[None, :]) * N + kj[:, None]  # [N, BV]
+        else:
+            state_offsets = ((slot * H + h) * N + vi[:, None]) * N + kj[None, :]  # [BV, N]
+        S = tl.load(state_ptr + state_offsets).to(tl.float32)
         cols = h * N + kj
         vcols = h * N + vi
         plane = tl.cast(total, tl.int64) * N  # one factor of one head: [total, N]
@@ -131,22 +138,29 @@ def _chunk_scan_kernel(
         # The chunk's factors are loaded one chunk ahead (the loads of chunk i + 1 are in flight
         # while chunk i's products run), so a step waits on its products, not on memory.
         W, Q, Bd, Kd, U, Yv, decay_all, v, span = _scan_operands(
-            head_factors, plane, decay_ptr, span_ptr, v_ptr, stride_v, key, t0, t1, t_idx, kj, vi, vcols, N
+            head_factors, plane, decay_ptr, span_ptr, v_ptr, stride_v, key, t0, t1, t_idx, kj, vi, vcols, N, KEY_MAJOR
         )
         for start in range(t0, t1, L):
             rows = start + t_idx
             mask = (rows < t1)[:, None]
             rows64 = rows.to(tl.int64)
             nW, nQ, nBd, nKd, nU, nYv, n_decay, n_v, n_span = _scan_operands(
-                head_factors, plane, decay_ptr, span_ptr, v_ptr, stride_v, key + H, start + L, t1, t_idx, kj, vi, vcols, N
+                head_factors, plane, decay_ptr, span_ptr, v_ptr, stride_v, key + H, start + L, t1, t_idx, kj, vi, vcols, N, KEY_MAJOR
             )
             if span <= span_limit:
-                St = tl.trans(S)  # [N, BV]
-                Z = tl.dot(W, St, input_precision=PRECISION) + U  # [L, BV]: z_t = S_{t-1} a_t
-                Y = tl.dot(Q, St, input_precision=PRECISION) + Yv
-                S = S * decay_all[None, :]
-                S += tl.dot(tl.trans(Z), Bd, input_precision=PRECISION)
-                S += tl.dot(tl.trans(v), Kd, input_precision=PRECISION)
+                if KEY_MAJOR:  # S is [N, BV]; Bd and Kd came [N, L]
+                    Z = tl.dot(W, S, input_precision=PRECISION) + U  # [L, BV]: z_t = S_{t-1} a_t
+                    Y = tl.dot(Q, S, input_precision=PRECISION) + Yv
+                    S = S * decay_all[:, None]
+                    S += tl.dot(Bd, Z, input_precision=PRECISION)
+                    S += tl.dot(Kd, v, input_precision=PRECISION)
+                else:
+                    St = tl.trans(S)  # [N, BV]
+                    Z = tl.dot(W, St, input_precision=PRECISION) + U
+                    Y = tl.dot(Q, St, input_precision=PRECISION) + Yv
+                    S = S * decay_all[None, :]
+                    S += tl.dot(tl.trans(Z), Bd, input_precision=PRECISION)
+                    S += tl.dot(tl.trans(v), Kd, input_precision=PRECISION)
                 tl.store(y_ptr + rows64[:, None] * stride_y + vcols[None, :], Y.to(y_ptr.dtype.element_ty), mask=mask)
             else:
                 for t in range(0, L):
@@ -159,9 +173,14 @@ def _chunk_scan_kernel(
                         a_t = tl.load(a_ptr + row64 * stride_a + cols).to(tl.float32)
                         b_t = tl.load(b_ptr + row64 * stride_b + cols).to(tl.float32)
                         v_t = tl.load(v_ptr + row64 * stride_v + vcols).to(tl.float32)
-                        sa = tl.sum(S * a_t[None, :], axis=1)
-                        S = S * tl.exp(-tl.exp(w_t))[None, :] + sa[:, None] * b_t[None, :] + v_t[:, None] * k_t[None, :]
-                        y_t = tl.sum(S * r_t[None, :], axis=1)
+                        if KEY_MAJOR:
+                            sa = tl.sum(S * a_t[:, None], axis=0)
+                            S = S * tl.exp(-tl.exp(w_t))[:, None] + b_t[:, None] * sa[None, :] + k_t[:, None] * v_t[None, :]
+                            y_t = tl.sum(S * r_t[:, None], axis=0)
+                        else:
+                            sa = tl.sum(S * a_t[None, :], axis=1)
+                            S = S * tl.exp(-tl.exp(w_t))[None, :] + sa[:, None] * b_t[None, :] + v_t[:, None] * k_t[None, :]
+                            y_t = tl.sum(S * r_t[None, :], axis=1)
                         tl.store(y_ptr + row64 * stride_y + vcols, y_t.to(y_ptr.dtype.element_ty))
             W, Q, Bd, Kd, U, Yv, decay_all, v, span = nW, nQ, nBd, nKd, nU, nYv, n_decay, n_v, n_span
             key += H
@@ -169,9 +188,12 @@ def _chunk_scan_kernel(
 
 
 @triton.jit
-def _scan_operands(head_factors, plane, decay_ptr, span_ptr, v_ptr, stride_v, key, start, t1, t_idx, kj, vi, vcols, N: tl.constexpr):
+def _scan_operands(
+    head_factors, plane, decay_ptr, span_ptr, v_ptr, stride_v, key, start, t1, t_idx, kj, vi, vcols, N: tl.constexpr, KEY_MAJOR: tl.constexpr
+):  # fmt: skip
     """What the scan's step for the chunk at row `start` reads (zeros, and a span that takes the
-    fast path, past the slot's end): the six factors, the chunk's decay and span, its values."""
+    fast path, past the slot's end): the six factors (with KEY_MAJOR, Bd and Kd as [N, L]), the
+    chunk's decay and span, its values."""
     rows = start + t_idx
     live = rows < t1
     mask = live[:, None]
@@ -180,8 +202,13 @@ def _scan_operands(head_factors, plane, decay_ptr, span_ptr, v_ptr, stride_v, ke
     by_value = head_factors + rows64[:, None] * N + vi[None, :]  # [L, BV]
     W = tl.load(by_key, mask=mask, other=0.0)
     Q = tl.load(by_key + plane, mask=mask, other=0.0)
-    Bd = tl.load(by_key + 2 * plane, mask=mask, other=0.0)
-    Kd = tl.load(by_key + 3 * plane, mask=mask, other=0.0)
+    if KEY_MAJOR:
+        by_key_t = head_factors + rows64[None, :] * N + kj[:, None]  # [N, L]
+        Bd = tl.load(by_key_t + 2 * plane, mask=live[None, :], other=0.0)
+        Kd = tl.load(by_key_t + 3 * plane, mask=live[None, :], other=0.0)
+    else:
+        Bd = tl.load(by_key + 2 * plane, mask=mask, other=0.0)
+        Kd = tl.load(by_key + 3 * plane, mask=mask, other=0.0)
     U = tl.load(by_value + 4 * plane, mask=mask, other=0.0)
     Yv = tl.load(by_value + 5 * plane, mask=mask, other=0.0)
     any_row = start < t1
@@ -215,11 +242,13 @@ def wkv7_chunked_triton(
     precision: str = "tf32x3",
     num_warps: int = 4,
     chunk: int = CHUNK,
+    key_major: bool = False,
 ) -> torch.Tensor:
     """`ops.wkv7` by chunks of `chunk` tokens. `lengths` are the host-side token counts of the
     slots (they size the launch without a device sync); `offsets` the device int32 form of
     `chunk_offsets(lengths, chunk)` when the caller keeps one per batch (built here otherwise).
-    `state` is updated in place."""
+    `key_major` runs the scan on transposed state rows (the kernel's comment says why; not yet
+    timed, so off). `state` is updated in place."""
     _check(state, slot_idx, cu_seqlens, (r, w, k, v, a, b), lengths, block_values, chunk)
     total, C = r.shape
     H = state.shape[1]
@@ -244,7 +273,7 @@ def wkv7_chunked_triton(
         )  # fmt: skip
         _chunk_scan_kernel[(slots, H, HEAD // block_values)](
             state, slot_idx, cu_seqlens, offsets, factors, decay, span, y, *inputs, *strides, y.stride(0), SPAN_LIMIT, total,
-            H=H, N=HEAD, L=chunk, BV=block_values, F=FACTORS, PRECISION=precision, num_warps=num_warps,
+            H=H, N=HEAD, L=chunk, BV=block_values, F=FACTORS, PRECISION=precision, KEY_MAJOR=key_major, num_warps=num_warps,
         )  # fmt: skip
     return y
 

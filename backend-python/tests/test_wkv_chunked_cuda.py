@@ -51,6 +51,7 @@ def _run(
     scale: float | None = None,
     precision: str | None = None,
     chunk: int = 16,
+    key_major: bool = False,
 ):
     """The chunked kernel and its twin on the same inputs (chunks of `chunk` tokens)."""
     from albatross.wkv_chunked_triton import wkv7_chunked_triton
@@ -66,7 +67,7 @@ def _run(
     poison = torch.full((sum(lengths), heads * 64), float("nan"), dtype=act, device=DEV)
     del poison  # the output allocation reuses this block: an unwritten row stays NaN
     options = {} if precision is None else {"precision": precision}
-    kernel_y = wkv7_chunked_triton(kernel_state, slot_idx, cu, *inputs, lengths=lengths, block_values=block, chunk=chunk, **options)
+    kernel_y = wkv7_chunked_triton(kernel_state, slot_idx, cu, *inputs, lengths=lengths, block_values=block, chunk=chunk, key_major=key_major, **options)
     return state, slot_idx, cu, inputs, (twin_y, twin_state), (kernel_y, kernel_state)
 
 
@@ -104,6 +105,18 @@ def test_chunked_kernel_matches_its_twin(
     assert torch.equal(kernel_state[others], state[others]), "slots outside the call changed"
 
 
+@pytest.mark.parametrize("lengths, heads", CASES, ids=["1", "16", "17", "4097x64h", "mixed", "8x512", "decode+300"])
+@pytest.mark.parametrize("act, state_dtype", [(torch.float32, torch.float32), (torch.float16, torch.float16)], ids=["fp32", "fp16-state"])
+@pytest.mark.parametrize("block", [16, 32])
+def test_the_key_major_scan_matches_the_twin(lengths: list[int], heads: int, act: torch.dtype, state_dtype: torch.dtype, block: int) -> None:
+    state, slot_idx, _, _, (twin_y, twin_state), (y, kernel_state) = _run(lengths, heads, act, state_dtype, block, key_major=True)
+    assert torch.isfinite(y).all(), "an output row was not written"
+    assert _max_rel(y, twin_y) <= _tolerance(act, "tf32x3")
+    assert _max_rel(kernel_state, twin_state) <= _tolerance(state_dtype, "tf32x3")
+    others = [s for s in range(state.shape[0]) if s not in slot_idx.tolist()]
+    assert torch.equal(kernel_state[others], state[others]), "slots outside the call changed"
+
+
 @pytest.mark.parametrize("lengths, heads", [([4097], 64), ([5, 1, 130, 0, 33, 1000], 3), ([1] * 40 + [300], 2)], ids=["4097x64h", "mixed", "decode+300"])
 @pytest.mark.parametrize("act, state_dtype", [(torch.float32, torch.float32), (torch.float16, torch.float16)], ids=["fp32", "fp16-state"])
 @pytest.mark.parametrize("chunk", [32])
@@ -116,11 +129,12 @@ def test_longer_chunks_match_their_twin(lengths: list[int], heads: int, act: tor
     assert torch.equal(kernel_state[others], state[others]), "slots outside the call changed"
 
 
+@pytest.mark.parametrize("key_major", [False, True], ids=["value-major", "key-major"])
 @pytest.mark.parametrize("lengths", [[4097], [700, 33, 1]], ids=["4097", "mixed"])
-def test_chunked_kernel_is_as_accurate_as_the_sequential_kernel(lengths: list[int]) -> None:
+def test_chunked_kernel_is_as_accurate_as_the_sequential_kernel(lengths: list[int], key_major: bool) -> None:
     """Final-state error against float64 within 2x of the sequential CUDA kernel's (issue 16), at
     the default chunk of 16 tokens (chunks of 32 measured 2.1x on these inputs: session 7)."""
-    state, slot_idx, cu, inputs, _, (_, chunked) = _run(lengths, 4, torch.float16, torch.float32, 16)
+    state, slot_idx, cu, inputs, _, (_, chunked) = _run(lengths, 4, torch.float16, torch.float32, 16, key_major=key_major)
     _, reference = wkv7_float64(state, slot_idx, cu, *inputs)
     sequential = state.clone()
     ops.wkv7(sequential, slot_idx, cu, *inputs)
@@ -130,8 +144,9 @@ def test_chunked_kernel_is_as_accurate_as_the_sequential_kernel(lengths: list[in
 
 
 @pytest.mark.parametrize("chunk", [16, 32])
-def test_decays_outside_the_models_range_take_the_exact_fallback(chunk: int) -> None:
-    state, slot_idx, cu, inputs, _, (y, chunked) = _run([200, 40], 2, torch.float32, torch.float32, 32, scale=3.0, chunk=chunk)
+@pytest.mark.parametrize("key_major", [False, True], ids=["value-major", "key-major"])
+def test_decays_outside_the_models_range_take_the_exact_fallback(chunk: int, key_major: bool) -> None:
+    state, slot_idx, cu, inputs, _, (y, chunked) = _run([200, 40], 2, torch.float32, torch.float32, 32, scale=3.0, chunk=chunk, key_major=key_major)
     y_ref, reference = wkv7_float64(state, slot_idx, cu, *inputs)
     assert torch.isfinite(y).all() and torch.isfinite(chunked).all()
     assert _max_rel(chunked[slot_idx.long()], reference) <= 1e-5
