@@ -75,13 +75,18 @@ def _concise(message: str) -> str:
 def _schema_problem(schema_text: str) -> str | None:
     """What keeps the schema (canonical JSON text: the cache key) from being enforced, or None.
     Cached: a route checks every request's schema, and the check costs milliseconds."""
-    grammar = llguidance.LLMatcher.grammar_from_json_schema(schema_text, overrides=JSON_FORMAT)  # type: ignore[arg-type]
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(schema_text, overrides=JSON_FORMAT)  # type: ignore[arg-type]
+    except ValueError as error:  # its JSON reader refuses the text itself (nesting past its depth limit)
+        return _too_deep(str(error)) or f"the schema cannot be read: {_concise(str(error))}"
     # llguidance reports relaxations as warnings only in its lenient mode, which we never set;
     # a warning is still refused, so that nothing is relaxed silently.
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if not is_error and not messages:
         return None
     message = messages[0] if messages else "invalid schema"
+    if deep := _too_deep(message):
+        return deep
     prefix = "Unimplemented keys: "
     if message.startswith(prefix):
         try:
@@ -90,6 +95,15 @@ def _schema_problem(schema_text: str) -> str | None:
             names = [message[len(prefix) :]]
         return f"unsupported JSON Schema keyword{'s' if len(names) > 1 else ''} {', '.join(map(str, names))}"
     return message
+
+
+def _too_deep(message: str) -> str | None:
+    """llguidance's JSON reader stops at its recursion limit (~125 levels of JSON, reached from a
+    schema of ~62 nested objects) with the position in our canonical text, which means nothing to
+    the client: say what it is instead."""
+    if "recursion limit exceeded" not in message:
+        return None
+    return "the schema is nested too deeply for the grammar engine (at most about 120 levels of JSON)"
 
 
 def check_json_schema(schema: Any) -> dict[str, Any]:

@@ -149,6 +149,14 @@ def test_a_bad_logit_bias_is_a_422_naming_it(client: TestClient, bias: dict[str,
         assert response.json()["error"]["param"] == "logit_bias" and named in response.json()["error"]["message"]
 
 
+def _nested(levels: int) -> dict[str, Any]:
+    """An object schema `levels` objects deep (two levels of JSON each)."""
+    schema: dict[str, Any] = {"type": "integer"}
+    for _ in range(levels):
+        schema = {"type": "object", "properties": {"a": schema}, "required": ["a"]}
+    return schema
+
+
 @pytest.mark.parametrize(
     ("fields", "param", "named"),
     [
@@ -162,6 +170,10 @@ def test_a_bad_logit_bias_is_a_422_naming_it(client: TestClient, bias: dict[str,
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array", "uniqueItems": True}}}}, "response_format.json_schema.schema", "keyword uniqueItems"),
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "response_format.json_schema.schema", "is required"),
         ({"response_format": {"type": "json_object"}, "tools": [WEATHER]}, "response_format", "together with callable tools"),
+        # Nested past llguidance's JSON reader (two depths apart: the two places it refuses).
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": _nested(62)}}}, "response_format.json_schema.schema", "nested too deeply"),
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": _nested(100)}}}, "response_format.json_schema.schema", "nested too deeply"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": _nested(100)}}]}, "tools.0.function.parameters", "nested too deeply"),
     ],
 )
 def test_what_cannot_be_enforced_is_a_400_naming_the_problem(client: TestClient, backend: ScriptedBackend, fields: dict[str, Any], param: str, named: str) -> None:
