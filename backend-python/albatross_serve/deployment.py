@@ -54,7 +54,8 @@ class AlbatrossReplica:
         return app
 
     async def forward(self, scope: dict[str, Any], body: bytes) -> AsyncIterator[Message]:
-        """A request another replica received for a session that lives here (session_affinity.py)."""
+        """A request another replica received for a session that lives here, with a heartbeat while
+        the app is silent; nothing when the request came from this replica (session_affinity.py)."""
         async for message in run_forwarded(self.app, scope, body):
             yield message
 
