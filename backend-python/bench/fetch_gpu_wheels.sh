@@ -12,4 +12,8 @@ if [ "${COMPARE:-0}" = 1 ]; then  # the int8 comparison libraries of gpu_compare
       "${platforms[@]}" -d .whl "$(grep '^torchao==' backend-python/bench/gpu_compare_wheels.txt)"
   python3 -m pip wheel -q --no-deps -w .whl "$(grep '^gemlite==' backend-python/bench/gpu_compare_wheels.txt)"  # an sdist only
 fi
+if [ "${PEERS:-0}" = 1 ]; then  # the side-by-side peers' own needs (gpu_peer_wheels.txt), beside their checkouts
+  python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+      "${platforms[@]}" -d .peers/wheels -r <(grep -v '^#' backend-python/bench/gpu_peer_wheels.txt)
+fi
 ls .whl | wc -l

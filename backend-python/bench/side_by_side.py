@@ -108,16 +108,18 @@ class RunningServer:
             stdout=self._log, stderr=subprocess.STDOUT, start_new_session=True,
         )  # fmt: skip
         started = time.time()
-        with httpx.Client(base_url=self.url) as client:
-            while not self.spec.ready(client):
-                if self.process.poll() is not None:
-                    self._log.close()
-                    raise RuntimeError(f"{self.spec.name} exited with {self.process.returncode} (see {self.log})")
-                if time.time() - started > self.ready_timeout:
-                    self.__exit__(None, None, None)
-                    raise TimeoutError(f"{self.spec.name} not ready after {self.ready_timeout:.0f} s (see {self.log})")
-                time.sleep(2)
-            self.spec.after_start(client, self.weights, self.batch)
+        try:
+            with httpx.Client(base_url=self.url) as client:
+                while not self.spec.ready(client):
+                    if self.process.poll() is not None:
+                        raise RuntimeError(f"{self.spec.name} exited with {self.process.returncode} (see {self.log})")
+                    if time.time() - started > self.ready_timeout:
+                        raise TimeoutError(f"{self.spec.name} not ready after {self.ready_timeout:.0f} s (see {self.log})")
+                    time.sleep(2)
+                self.spec.after_start(client, self.weights, self.batch)
+        except BaseException:  # a failed start (a 500 from RWKV-Runner's /switch-model too) stops the server:
+            self.__exit__(None, None, None)  # left running, it would hold the port the next server needs
+            raise
         print(f"{self.spec.name} ready at {self.url} after {time.time() - started:.0f} s", flush=True)
         return self
 
@@ -217,17 +219,24 @@ def main(argv: list[str] | None = None) -> None:
     if args.cap_words or args.cap_tokens:
         pool = [rate_bench.capped(r, args.cap_words, args.cap_tokens) for r in pool]
     print(f"weights {args.weights}; pool of {len(pool)}: {rate_bench.describe_mix()}", flush=True)
+    # a SIGTERM (the session script's timeout) unwinds through RunningServer.__exit__, which stops the
+    # server's process group: started with its own session, it would outlive the call otherwise
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     servers = []
     for name in names:
         try:
             servers.append(run_server(args, specs[name], pool))
         except (OSError, RuntimeError, TimeoutError, httpx.HTTPError) as error:  # one missing peer does not lose the others' figures
             print(f"{name}: skipped: {error}", flush=True)
+        write_result(args, servers)  # after each server: a timeout keeps the finished servers' figures
     if servers:
         print_ratios(servers)
+    print(f"wrote {args.out / 'side_by_side.json'}")
+
+
+def write_result(args: argparse.Namespace, servers: list[dict]) -> None:
     result = {"weights": str(args.weights), "date": time.strftime("%Y-%m-%d"), "servers": servers}
     (args.out / "side_by_side.json").write_text(json.dumps(result, indent=2, default=str))
-    print(f"wrote {args.out / 'side_by_side.json'}")
 
 
 if __name__ == "__main__":

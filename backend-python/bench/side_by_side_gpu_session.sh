@@ -4,7 +4,11 @@
 #   SERVERS=albatross,classic RATES_FOR=classic=1,2 OUT=/tmp/out bash backend-python/bench/side_by_side_gpu_session.sh
 #       (the request-rate table: Albatross against the classic backend)
 #   SERVERS=albatross,runner,lightning OUT=/tmp/out bash backend-python/bench/side_by_side_gpu_session.sh
-#       (the peers: .peers/RWKV-Runner and .peers/rwkv_lightning carried, with their dependencies)
+#       (the peers: .peers/RWKV-Runner (its backend-python/ is enough) and .peers/rwkv_lightning,
+#       and .peers/wheels/ from `PEERS=1 bash backend-python/bench/fetch_gpu_wheels.sh`; carry
+#       [".whl", ".peers"], ~22 MB in all. Three servers with the default knobs, the peers' kernel
+#       builds included, may not fit one 600 s call: RATES=16,64 DURATION=10 DRAIN=30 TIMEOUT=500,
+#       or two calls, albatross,runner then albatross,lightning)
 # From the repository root, with the wheels of fastapi & co. carried in .whl/ (the GPU image has
 # no fastapi). Knobs: SHAPE (7.2b), RATES (4,16,64), BURST (960), DURATION (15), DRAIN (45),
 # WEIGHTS (an existing file instead of writing one), ARGS (more side_by_side.py flags).
