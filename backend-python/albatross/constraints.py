@@ -65,7 +65,10 @@ _NON_VERBOSE_MARK = "<non-verbose/>"
 
 
 def _concise(message: str) -> str:
-    return message.replace(_NON_VERBOSE_MARK, "").strip()
+    """llguidance's message without its non-verbose mark, and without what follows a panic's first
+    line (a native backtrace: frames and the build's source paths, nothing a client can act on)."""
+    message = message.replace(_NON_VERBOSE_MARK, "")
+    return message.split("\n<backtrace>", 1)[0].strip()
 
 
 # ---------------------------------------------------------------------------- grammars
@@ -84,7 +87,7 @@ def _schema_problem(schema_text: str) -> str | None:
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar)
     if not is_error and not messages:
         return None
-    message = messages[0] if messages else "invalid schema"
+    message = _concise(messages[0]) if messages else "invalid schema"
     if deep := _too_deep(message):
         return deep
     prefix = "Unimplemented keys: "
@@ -264,7 +267,7 @@ class ConstraintCompiler:
         grammar = llguidance.LLMatcher.grammar_from_lark(grammar_text)
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._tokenizer)
         if is_error or messages:
-            raise ConstraintError(f"the grammar cannot be enforced: {messages[0] if messages else 'invalid grammar'}")
+            raise ConstraintError(f"the grammar cannot be enforced: {_concise(messages[0]) if messages else 'invalid grammar'}")
 
         def build() -> llguidance.LLMatcher:
             template = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0, limits=_LIMITS)

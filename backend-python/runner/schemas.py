@@ -18,6 +18,10 @@ from runner.limits import MAX_INDEX, MAX_PENALTY, MAX_TOP_K, SEED_RANGE, check_s
 log = logging.getLogger("runner.schemas")
 
 MAX_LOGIT_BIAS_ENTRIES = 1024  # bounds a request's share of the sampler's bias table
+# OpenAI's own limit on a request's tools. Each one's schema is checked on the request's path and
+# all of them become one grammar: 5,000 tools took 3.4 s and then failed inside llguidance (its
+# grammar's symbol table is u16-indexed).
+MAX_TOOLS = 128
 VOCAB_SIZE = 65536  # RWKV World ids; a backend checks its own vocabulary again
 FUNCTION_NAME_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"  # OpenAI's rule for function names
 BodyT = TypeVar("BodyT", bound=BaseModel)
@@ -191,7 +195,7 @@ class ChatCompletionRequest(SamplingFields):
     add_generation_prompt: bool = True  # vLLM: end the prompt with the assistant's turn header
     logprobs: bool | None = None
     top_logprobs: int | None = Field(None, ge=0, le=20)
-    tools: list[ToolDefinition] | None = None
+    tools: list[ToolDefinition] | None = Field(None, max_length=MAX_TOOLS)
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
     functions: list[Any] | None = None

@@ -17,6 +17,7 @@ start is text to the end.
 from __future__ import annotations
 
 import json
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -127,7 +128,7 @@ def plan_tools(tools: Sequence[Any] | None, tool_choice: Any, parallel_tool_call
         return None
     functions = tuple(_function(tool, i) for i, tool in enumerate(tools))
     names = [function.name for function in functions]
-    duplicates = sorted({name for name in names if names.count(name) > 1})
+    duplicates = sorted(name for name, count in Counter(names).items() if count > 1)
     if duplicates:
         raise ApiError(400, f"tools: function names must be unique; repeated: {', '.join(duplicates)}", "tools")
     if tool_choice == "none":

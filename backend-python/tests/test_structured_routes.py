@@ -186,6 +186,27 @@ def test_what_cannot_be_enforced_is_a_400_naming_the_problem(client: TestClient,
     assert post(client).status_code == 200, "the server keeps serving"
 
 
+def test_more_tools_than_openai_allows_are_a_422_naming_tools(client: TestClient, backend: ScriptedBackend) -> None:
+    tools = [{"type": "function", "function": {"name": f"f{i}", "parameters": {"type": "object"}}} for i in range(129)]
+    response = post(client, tools=tools)
+    assert response.status_code == 422 and response.json()["error"]["param"] == "tools", response.text
+    assert post(client, tools=tools[:128]).status_code == 200
+    assert post(client).status_code == 200, "the server keeps serving"
+
+
+def test_a_grammar_engine_panic_reaches_the_client_as_one_line() -> None:
+    """llguidance reports a failed internal assertion with a native backtrace after it; the client
+    gets the first line (a grammar of 70,000 alternatives passes its u16 symbol table)."""
+    from albatross.constraints import ConstraintCompiler, ConstraintError
+    from albatross.tokenizer import get_tokenizer
+
+    alternatives = " | ".join(f'"w{i}"' for i in range(70_000))
+    with pytest.raises(ConstraintError) as raised:
+        ConstraintCompiler(get_tokenizer()).compile(f"start: {alternatives}")
+    message = str(raised.value)
+    assert "\n" not in message and "backtrace" not in message and len(message) < 300, message
+
+
 def test_enable_think_with_a_constraint_is_refused_on_the_native_route(client: TestClient) -> None:
     response = post(client, "/openai/v1/chat/completions", enable_think=True, response_format={"type": "json_object"})
     assert response.status_code == 400 and response.json()["error"]["param"] == "enable_think"
