@@ -4,6 +4,7 @@ the prompt and the reply. Every problem is a 400 naming the field; nothing is dr
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from albatross.constraints import JSON_OBJECT_SCHEMA, ConstraintError, json_schema_grammar
@@ -50,6 +51,25 @@ def chat_output(body: ChatCompletionRequest) -> StructuredOutput:
     if constraint is not None:
         raise ApiError(400, "response_format together with callable tools is not supported; send one of them", "response_format")
     return StructuredOutput(OutputConstraint(tools.grammar(), "tools"), tools)
+
+
+def _checks_schemas(body: SamplingFields) -> bool:
+    return bool(getattr(body, "tools", None)) or (body.response_format is not None and body.response_format.type == "json_schema")
+
+
+# llguidance reads a client's schema in milliseconds, but a large one takes seconds (10,000
+# properties: 2.5 s); it releases the GIL meanwhile, so on a thread the loop keeps every other
+# stream going. A body without a schema to read is answered here at once.
+
+
+async def chat_output_off_loop(body: ChatCompletionRequest) -> StructuredOutput:
+    """`chat_output` without holding up the event loop."""
+    return await asyncio.to_thread(chat_output, body) if _checks_schemas(body) else chat_output(body)
+
+
+async def completion_output_off_loop(body: SamplingFields) -> StructuredOutput:
+    """`completion_output` without holding up the event loop."""
+    return await asyncio.to_thread(completion_output, body) if _checks_schemas(body) else completion_output(body)
 
 
 def with_tools_prompt(body: ChatCompletionRequest, output: StructuredOutput) -> ChatCompletionRequest:
