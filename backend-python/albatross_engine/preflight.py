@@ -1,15 +1,21 @@
 """What a switch checks before the serving model is unloaded (runner.backends.preflight): that the
-Albatross strategy's devices exist, and, for every backend, that the file is an RWKV-7 checkpoint
+Albatross strategy's devices exist, that on the CPU its workers fit the machine (cores, and host
+memory by the memory plan's sizes), and, for every backend, that the file is an RWKV-7 checkpoint
 (its tensor directory is read: no weights are)."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import torch
 
 from albatross.checkpoint import read_config
-from albatross_engine.config import parse_albatross_strategy
+from albatross.dtypes import DTYPES
+from albatross.int8_dispatch import dequantize_above_rows
+from albatross_engine.config import AlbatrossBackendConfig, parse_albatross_strategy
+from albatross_engine.memory_plan import MemoryRequest, estimate
+from albatross_engine.model_specs import model_loader
 from runner.backends import LoadRefused
 
 RANDOM_MODEL_PREFIX = "random:"
@@ -37,3 +43,53 @@ def check_load(model_path: str, strategy: str) -> None:
             )
     if not model_path.startswith(RANDOM_MODEL_PREFIX):
         check_checkpoint(model_path, strategy)
+    on_cpu = config.device == "cpu" or (config.device is None and not torch.cuda.is_available())
+    if on_cpu:
+        check_host_fits(model_path, strategy, config)
+
+
+def check_host_fits(model_path: str, strategy: str, config: AlbatrossBackendConfig) -> None:
+    """LoadRefused (400, `strategy`) for CPU workers the machine cannot hold: more workers than
+    cores (they share them, and each holds its own states and buffers), or more host memory than
+    the machine has. The GPU path has the memory plan against each device's free memory; on the
+    CPU nothing else stops a request such as `workers=999` or `batch=100000000` before the process
+    is killed for memory or the load fails after the serving model is gone. The bound is the
+    weights once plus each worker's states, step buffers and reserve: what a load needs at the
+    least, so only a strategy that cannot fit is refused."""
+    cores = os.cpu_count() or 1
+    if config.worker_num > cores:
+        raise LoadRefused(
+            f"strategy {strategy!r} asks for {config.worker_num} CPU workers, but this machine has {cores} cores, which the workers share",
+            "strategy",
+        )
+    source = model_loader(model_path, config)
+    if source.config is None:
+        return
+    request = MemoryRequest(
+        config=source.config(),
+        weights=config.weights,
+        dtype_bytes=DTYPES[config.effective_dtype("cpu")].itemsize,
+        state_dtype_bytes=DTYPES[config.effective_state_dtype("cpu")].itemsize,
+        batch_size=config.batch_size,
+        prefill_chunk=config.prefill_chunk,
+        prefill_budget=config.prefill_budget,
+        cuda_graphs=False,
+    )
+    plan = estimate(request, None, dequantize_above_rows("cpu"))
+    per_worker = plan.planned_bytes - plan.weights_bytes
+    needed = plan.weights_bytes + config.worker_num * per_worker
+    physical = _physical_memory()
+    if physical is not None and needed > physical:
+        raise LoadRefused(
+            f"strategy {strategy!r} needs at least {needed / 1e9:.1f} GB of host memory (weights {plan.weights_bytes / 1e9:.1f} GB, "
+            f"then {per_worker / 1e9:.1f} GB for each of {config.worker_num} workers: {config.batch_size} state slots and step buffers), "
+            f"more than this machine's {physical / 1e9:.1f} GB; lower batch, prefill_budget or workers",
+            "strategy",
+        )
+
+
+def _physical_memory() -> int | None:
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (ValueError, OSError, AttributeError):  # not a POSIX system that says
+        return None

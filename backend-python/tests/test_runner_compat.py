@@ -134,6 +134,10 @@ def test_model_path_at_start_is_resolved_like_the_guis_paths(tmp_path: Path, mon
         ({"model": "alpha", "strategy": "cpu int4"}, 400, "strategy", "valid strategies"),
         ({"model": "alpha", "strategy": "tpu"}, 400, "strategy", "first word"),
         ({"model": "missing", "strategy": "cpu fp32"}, 404, "model", "looked for"),
+        # On the CPU: more workers than cores (999 once took the process down for memory), and
+        # more host memory than the machine has (a batch of 10^8 state slots).
+        ({"model": "random:tiny", "strategy": "albatross workers=999 device=cpu"}, 400, "strategy", "CPU workers"),
+        ({"model": "random:tiny", "strategy": "albatross batch=100000000 device=cpu"}, 400, "strategy", "GB of host memory"),
     ],
 )
 def test_a_switch_that_cannot_succeed_is_refused_while_the_old_model_keeps_serving(
