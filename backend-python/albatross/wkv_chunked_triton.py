@@ -212,7 +212,7 @@ def _scan_operands(
     U = tl.load(by_value + 4 * plane, mask=mask, other=0.0)
     Yv = tl.load(by_value + 5 * plane, mask=mask, other=0.0)
     any_row = start < t1
-    decay_all = tl.load(decay_ptr + key * N + kj, mask=(kj < N) & any_row, other=1.0)
+    decay_all = tl.load(decay_ptr + key * N + kj, mask=any_row, other=1.0)
     span = tl.load(span_ptr + key, mask=any_row, other=0.0)
     v = tl.load(v_ptr + rows64[:, None] * stride_v + vcols[None, :], mask=mask, other=0.0).to(tl.float32)
     return W, Q, Bd, Kd, U, Yv, decay_all, v, span

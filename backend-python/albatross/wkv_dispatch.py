@@ -11,7 +11,6 @@ measured switch point (docs/kernels.md, "Chunked WKV prefill"); benchmarks repla
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,9 +28,10 @@ class ChunkedPolicy:
     the sequential kernel's grid fills the GPU and its lower arithmetic wins). `enabled=False`
     always takes the sequential kernel."""
 
-    # Measured on the H200 (docs/performance.md, "Chunked WKV prefill"): the chunked kernel wins
-    # for one long slot (1x1024: 0.61 against 0.95 ms a layer, 1x4096: 2.4 against 3.8) and loses
-    # from four (4x1024: 1.75 against 0.98), so only one slot's heads may run chunked.
+    # Measured on the H200 (docs/performance.md, "Session 7"): the chunked kernel wins for one long
+    # slot (1x1024: 0.46 against 0.98 ms a layer, 1x4096: 1.68 against 3.85), loses for one of 256
+    # tokens (0.26 against 0.17; 512 lies past the ~280-token crossover the two imply) and from
+    # four long slots (4x1024: 1.59 against 1.00), so only one slot's heads may run chunked.
     min_tokens: int = 512
     max_long_heads: int = 64
     enabled: bool = True
@@ -51,24 +51,7 @@ DEFAULT_POLICY = ChunkedPolicy()
 POLICY = DEFAULT_POLICY  # benchmarks replace it to compare the kernels
 
 _chunked: Any = None  # the Triton module once imported; False when it cannot be
-
-
-class _PerBatch:
-    """What one forward call's layers share, built at the first layer (the device copy of its
-    chunk offsets): one entry, replaced by the next batch. The entry is read
-    and replaced whole, so workers on other GPUs may replace it from their threads meanwhile."""
-
-    def __init__(self) -> None:
-        self._entry: tuple[ops.FlatBatch, object, Any] | None = None
-
-    def get(self, batch: ops.FlatBatch, key: object, build: Callable[[], Any]) -> Any:
-        entry = self._entry
-        if entry is None or entry[0] is not batch or entry[1] != key:
-            entry = self._entry = (batch, key, build())
-        return entry[2]
-
-
-_offsets_cache = _PerBatch()  # a batch's chunk offsets, reused by every layer
+_offsets_cache: tuple[ops.FlatBatch, torch.Tensor] | None = None  # one batch's chunk offsets, reused by every layer
 
 
 def chunked_kernel_available() -> bool:
@@ -104,14 +87,17 @@ def wkv7(
         and policy.prefers_chunked(batch.lengths, state.shape[1])
         and chunked_kernel_available()
     ):
-        offsets = _offsets(batch)
-        return _chunked.wkv7_chunked_triton(state, batch.slot_idx, batch.cu_seqlens, r, w, k, v, a, b, batch.lengths, offsets)
+        return _chunked.wkv7_chunked_triton(
+            state, batch.slot_idx, batch.cu_seqlens, r, w, k, v, a, b, batch.lengths, offsets=_offsets(batch)
+        )
     return ops.wkv7(state, batch.slot_idx, batch.cu_seqlens, r, w, k, v, a, b, batch.single_token)
 
 
 def _offsets(batch: ops.FlatBatch) -> torch.Tensor:
-    def build() -> torch.Tensor:
+    global _offsets_cache
+    cached = _offsets_cache  # read once: workers on other GPUs replace it from their threads
+    if cached is None or cached[0] is not batch:
         host = torch.tensor(_chunked.chunk_offsets(batch.lengths), dtype=torch.int32)
-        return ops.host_to_device(host, batch.cu_seqlens.device)
-
-    return _offsets_cache.get(batch, None, build)
+        cached = (batch, ops.host_to_device(host, batch.cu_seqlens.device))
+        _offsets_cache = cached
+    return cached[1]

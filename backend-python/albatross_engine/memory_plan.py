@@ -159,9 +159,9 @@ def step_bytes(config: ModelConfig, rows: int, slots: int, dtype_bytes: int, wei
     """A forward of `rows` flat rows for `slots` slots: the live per-row temporaries at the time-mix
     peak (~26 `[rows, C]` tensors: the residual, v_first, the mixes, r/k/v, the LoRA outputs, the
     WKV inputs and output, and in a `prefill` step the chunked WKV kernel's fp32 scratch during
-    its call, ~24 C bytes a row, as a long prompt takes that kernel) or the channel mix (`[rows, F]` twice), the
-    head's output and its fp32 copy per slot plus the sampler's, and the int8 path's dequantized
-    slab."""
+    its call, ~24 C bytes a row, as a long prompt takes that kernel) or the channel mix
+    (`[rows, F]` twice), the head's output and its fp32 copy per slot plus the sampler's, and the
+    int8 path's dequantized slab."""
     C, F, V = config.n_embd, config.ffn_size, config.vocab_size
     chunked_wkv = wkv_chunked.scratch_bytes(1, C) if prefill else 0
     per_row = max(dtype_bytes * 26 * C + chunked_wkv, dtype_bytes * (8 * C + 2 * F))

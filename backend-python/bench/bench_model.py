@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profile-graph-batches", default="", help="kernel profiles of captured decode steps (fp16 state) at these batches")
     parser.add_argument("--skip-accuracy", action="store_true")
     parser.add_argument("--wkv-chunked", default="on", help="prefill with the chunked WKV kernel where its policy says (on), "
-                        "never (off), for every slot of 256+ tokens (always), or several in turn (on,off,always)")
+                        "never (off), for every slot of the policy's min_tokens or more (always), or several in turn (on,off,always)")
     parser.add_argument("--gemv", default="on", help="graph decode with the GEMV kernel for 1-4 rows (on), cuBLAS (off), or both")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
@@ -274,7 +274,8 @@ def main(argv: list[str] | None = None) -> None:
             results.append(result)
             print(asdict(result), flush=True)
         if state_dtype == torch.float32:
-            wkv_notes = {"on": "chunked WKV where the policy says", "off": "sequential WKV", "always": "chunked WKV for any slot of 256+"}
+            every_long_slot = f"chunked WKV for any slot of {wkv_dispatch.DEFAULT_POLICY.min_tokens}+"
+            wkv_notes = {"on": "chunked WKV where the policy says", "off": "sequential WKV", "always": every_long_slot}
             for setting in [v.strip() for v in args.wkv_chunked.split(",") if v.strip()]:
                 if setting not in wkv_notes:
                     raise SystemExit(f"--wkv-chunked takes on, off and always; got {setting!r}")
