@@ -5,7 +5,9 @@ the prompt and the reply. Every problem is a 400 naming the field; nothing is dr
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from albatross.constraints import JSON_OBJECT_SCHEMA, ConstraintError, json_schema_grammar
 from runner.errors import ApiError
@@ -21,6 +23,7 @@ class StructuredOutput:
 
 
 UNCONSTRAINED = StructuredOutput()
+Body = TypeVar("Body", bound=SamplingFields)
 
 
 def _response_format(response_format: ResponseFormat | None) -> OutputConstraint | None:
@@ -53,23 +56,13 @@ def chat_output(body: ChatCompletionRequest) -> StructuredOutput:
     return StructuredOutput(OutputConstraint(tools.grammar(), "tools"), tools)
 
 
-def _checks_schemas(body: SamplingFields) -> bool:
-    return bool(getattr(body, "tools", None)) or (body.response_format is not None and body.response_format.type == "json_schema")
-
-
-# llguidance reads a client's schema in milliseconds, but a large one takes seconds (10,000
-# properties: 2.5 s); it releases the GIL meanwhile, so on a thread the loop keeps every other
-# stream going. A body without a schema to read is answered here at once.
-
-
-async def chat_output_off_loop(body: ChatCompletionRequest) -> StructuredOutput:
-    """`chat_output` without holding up the event loop."""
-    return await asyncio.to_thread(chat_output, body) if _checks_schemas(body) else chat_output(body)
-
-
-async def completion_output_off_loop(body: SamplingFields) -> StructuredOutput:
-    """`completion_output` without holding up the event loop."""
-    return await asyncio.to_thread(completion_output, body) if _checks_schemas(body) else completion_output(body)
+async def read_off_loop(read: Callable[[Body], StructuredOutput], body: Body) -> StructuredOutput:
+    """`read(body)` (chat_output or completion_output) without holding up the event loop: llguidance
+    reads a client's schema in milliseconds, but a large one takes seconds (10,000 properties:
+    2.5 s) with the GIL released, so on a worker thread the loop keeps every other stream going. A
+    body without a schema to read is answered at once."""
+    has_schema = bool(getattr(body, "tools", None)) or (body.response_format is not None and body.response_format.type == "json_schema")
+    return await asyncio.to_thread(read, body) if has_schema else read(body)
 
 
 def with_tools_prompt(body: ChatCompletionRequest, output: StructuredOutput) -> ChatCompletionRequest:

@@ -209,29 +209,27 @@ def test_a_grammar_engine_panic_reaches_the_client_as_one_line() -> None:
     assert "\n" not in message and "backtrace" not in message and len(message) < 300, message
 
 
-def test_schemas_are_read_on_a_thread_not_on_the_event_loop(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_schemas_are_read_on_a_thread_not_on_the_event_loop() -> None:
     """A large schema takes llguidance seconds to read (GIL released): the routes read it on a
     worker thread, so the loop's other streams go on; a body without a schema stays on the loop."""
-    import runner.structured_output as structured
     from runner.schemas import ChatCompletionRequest
+    from runner.structured_output import StructuredOutput, chat_output, read_off_loop
 
     readers: list[threading.Thread] = []
-    real = structured.chat_output
 
-    def reading(body: ChatCompletionRequest) -> structured.StructuredOutput:
+    def reading(body: ChatCompletionRequest) -> StructuredOutput:
         readers.append(threading.current_thread())
-        return real(body)
+        return chat_output(body)
 
-    monkeypatch.setattr(structured, "chat_output", reading)
     schema = {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object", "properties": {"a": {"type": "integer"}}}}}
     constrained = ChatCompletionRequest.model_validate({"messages": USER, "response_format": schema})
     with_tools = ChatCompletionRequest.model_validate({"messages": USER, "tools": [WEATHER]})
     plain = ChatCompletionRequest.model_validate({"messages": USER})
 
     async def run() -> threading.Thread:
-        assert (await structured.chat_output_off_loop(constrained)).constraint is not None
-        assert (await structured.chat_output_off_loop(with_tools)).tools is not None
-        assert (await structured.chat_output_off_loop(plain)).constraint is None
+        assert (await read_off_loop(reading, constrained)).constraint is not None
+        assert (await read_off_loop(reading, with_tools)).tools is not None
+        assert (await read_off_loop(reading, plain)).constraint is None
         return threading.current_thread()
 
     loop_thread = asyncio.run(run())

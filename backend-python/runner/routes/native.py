@@ -25,7 +25,7 @@ from runner.native_schemas import (
     TranslateRequest,
 )
 from runner.routes.openai import CompletionSpec, run_completion
-from runner.structured_output import chat_output_off_loop, with_tools_prompt
+from runner.structured_output import chat_output, read_off_loop, with_tools_prompt
 from runner.schemas import ChatCompletionRequest, read_json_object, validate_body
 from runner.sessions import session_store_of
 
@@ -195,7 +195,7 @@ async def openai_native_chat(request: Request) -> Response:
     enable_think = _extra(body, "enable_think", bool, False)
     use_prefix_cache = _extra(body, "use_prefix_cache", bool, True)
     contents = _extra(body, "contents", list, [])
-    output = await chat_output_off_loop(body)
+    output = await read_off_loop(chat_output, body)
     if enable_think and output.constraint is not None:
         raise ApiError(400, f"enable_think cannot be combined with {output.constraint.label} (the constraint would hold the thinking too)", "enable_think")
     prompt = lightning_chat_prompt(with_tools_prompt(body, output), system, enable_think, contents[0] if contents and isinstance(contents[0], str) else None)

@@ -28,7 +28,7 @@ from runner.prompts import ChatNames, ChatTurn, ToolCall, chat_stops, parse_tool
 from runner.schemas import ChatCompletionRequest, CompletionRequest, SamplingFields, read_json_object, validate_body
 from runner.sse import sse_response
 from runner.stop_echo import StopStringEcho
-from runner.structured_output import UNCONSTRAINED, StructuredOutput, chat_output_off_loop, completion_output_off_loop, with_tools_prompt
+from runner.structured_output import UNCONSTRAINED, StructuredOutput, chat_output, completion_output, read_off_loop, with_tools_prompt
 from runner.tools import render_tool_calls
 
 router = APIRouter()
@@ -224,7 +224,7 @@ def make_chat_endpoint(config: ChatRouteConfig) -> Callable[[Request], Awaitable
         max_tokens = _max_tokens(body)
         backend = context(request).manager.require_backend()
         stops = config.build_stops(body, backend)
-        output = await chat_output_off_loop(body)
+        output = await read_off_loop(chat_output, body)
         prompt = config.build_prompt(with_tools_prompt(body, output))
         state = config.state_for(body, backend)
         spec = CompletionSpec("chat", body, [prompt], max_tokens, stops, config.sampling_overrides, logprobs, state, output)
@@ -244,7 +244,7 @@ async def _completions(request: Request, payload: dict[str, Any]) -> Response:
         raise ApiError(422, "prompt: the list must hold at least one prompt", "prompt")
     if body.stream_options is not None and not body.stream:
         raise ApiError(400, "stream_options is only allowed with stream: true", "stream_options")
-    output = await completion_output_off_loop(body)
+    output = await read_off_loop(completion_output, body)
     spec = CompletionSpec("text", body, prompts, _max_tokens(body), stop_list(body.stop), logprobs=body.logprobs, output=output)
     return await run_completion(request, spec)
 
