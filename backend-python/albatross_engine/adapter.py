@@ -427,11 +427,9 @@ def _worker_devices(config: AlbatrossBackendConfig, model: RWKV7 | None) -> list
         if config.worker_num != 1:
             raise ValueError("an already-built model serves exactly one worker")
         return [model.device]
-    requested = config.device
-    if requested is None:
-        requested = "cuda" if torch.cuda.is_available() else "cpu"
-        if requested == "cpu":
-            logger.info("Albatross: no CUDA device visible; running on the CPU")
+    requested = config.effective_device(torch.cuda.is_available())
+    if config.device is None and requested == "cpu":
+        logger.info("Albatross: no CUDA device visible; running on the CPU")
     if requested == "cpu":
         return [torch.device("cpu")] * config.worker_num
     visible = torch.cuda.device_count() if torch.cuda.is_available() else 0

@@ -71,6 +71,10 @@ class AlbatrossBackendConfig:
         """The adaptive budget's target in seconds; None when it is off."""
         return self.itl_target_ms / 1000.0 if self.itl_target_ms > 0 else None
 
+    def effective_device(self, cuda_available: bool) -> str:
+        """Where the workers start: `device`, else cuda when a GPU is visible, else cpu."""
+        return self.device or ("cuda" if cuda_available else "cpu")
+
     def effective_dtype(self, device_type: str) -> str:
         """The weights' and activations' type on `device_type` (albatross.dtypes has the default)."""
         return self.dtype or default_dtype_name(device_type)

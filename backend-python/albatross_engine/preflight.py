@@ -43,8 +43,7 @@ def check_load(model_path: str, strategy: str) -> None:
             )
     if not model_path.startswith(RANDOM_MODEL_PREFIX):
         check_checkpoint(model_path, strategy)
-    on_cpu = config.device == "cpu" or (config.device is None and not torch.cuda.is_available())
-    if on_cpu:
+    if config.effective_device(torch.cuda.is_available()) == "cpu":
         check_host_fits(model_path, strategy, config)
 
 
