@@ -75,6 +75,16 @@ def _max_rel(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return ((actual.double() - expected.double()).abs().max() / expected.double().abs().max().clamp_min(1.0)).item()
 
 
+def _assert_matches_twin(run: tuple, act: torch.dtype, state_dtype: torch.dtype, precision: str) -> None:
+    """`_run`'s kernel output and state against the twin's, and the slots outside the call untouched."""
+    state, slot_idx, _, _, (twin_y, twin_state), (y, kernel_state) = run
+    assert torch.isfinite(y).all(), "an output row was not written"
+    assert _max_rel(y, twin_y) <= _tolerance(act, precision)
+    assert _max_rel(kernel_state, twin_state) <= _tolerance(state_dtype, precision)
+    others = [s for s in range(state.shape[0]) if s not in slot_idx.tolist()]
+    assert torch.equal(kernel_state[others], state[others]), "slots outside the call changed"
+
+
 CASES = [
     ([1], 2),
     ([16], 2),
@@ -97,36 +107,20 @@ CASES = [
 def test_chunked_kernel_matches_its_twin(
     lengths: list[int], heads: int, act: torch.dtype, state_dtype: torch.dtype, block: int, precision: str
 ) -> None:
-    state, slot_idx, _, _, (twin_y, twin_state), (y, kernel_state) = _run(lengths, heads, act, state_dtype, block, precision=precision)
-    assert torch.isfinite(y).all(), "an output row was not written"
-    assert _max_rel(y, twin_y) <= _tolerance(act, precision)
-    assert _max_rel(kernel_state, twin_state) <= _tolerance(state_dtype, precision)
-    others = [s for s in range(state.shape[0]) if s not in slot_idx.tolist()]
-    assert torch.equal(kernel_state[others], state[others]), "slots outside the call changed"
+    _assert_matches_twin(_run(lengths, heads, act, state_dtype, block, precision=precision), act, state_dtype, precision)
 
 
 @pytest.mark.parametrize("lengths, heads", CASES, ids=["1", "16", "17", "4097x64h", "mixed", "8x512", "decode+300"])
 @pytest.mark.parametrize("act, state_dtype", [(torch.float32, torch.float32), (torch.float16, torch.float16)], ids=["fp32", "fp16-state"])
 @pytest.mark.parametrize("block", [16, 32])
 def test_the_key_major_scan_matches_the_twin(lengths: list[int], heads: int, act: torch.dtype, state_dtype: torch.dtype, block: int) -> None:
-    state, slot_idx, _, _, (twin_y, twin_state), (y, kernel_state) = _run(lengths, heads, act, state_dtype, block, key_major=True)
-    assert torch.isfinite(y).all(), "an output row was not written"
-    assert _max_rel(y, twin_y) <= _tolerance(act, "tf32x3")
-    assert _max_rel(kernel_state, twin_state) <= _tolerance(state_dtype, "tf32x3")
-    others = [s for s in range(state.shape[0]) if s not in slot_idx.tolist()]
-    assert torch.equal(kernel_state[others], state[others]), "slots outside the call changed"
+    _assert_matches_twin(_run(lengths, heads, act, state_dtype, block, key_major=True), act, state_dtype, "tf32x3")
 
 
 @pytest.mark.parametrize("lengths, heads", [([4097], 64), ([5, 1, 130, 0, 33, 1000], 3), ([1] * 40 + [300], 2)], ids=["4097x64h", "mixed", "decode+300"])
 @pytest.mark.parametrize("act, state_dtype", [(torch.float32, torch.float32), (torch.float16, torch.float16)], ids=["fp32", "fp16-state"])
-@pytest.mark.parametrize("chunk", [32])
-def test_longer_chunks_match_their_twin(lengths: list[int], heads: int, act: torch.dtype, state_dtype: torch.dtype, chunk: int) -> None:
-    state, slot_idx, _, _, (twin_y, twin_state), (y, kernel_state) = _run(lengths, heads, act, state_dtype, 32, chunk=chunk)
-    assert torch.isfinite(y).all(), "an output row was not written"
-    assert _max_rel(y, twin_y) <= _tolerance(act, "tf32x3")
-    assert _max_rel(kernel_state, twin_state) <= _tolerance(state_dtype, "tf32x3")
-    others = [s for s in range(state.shape[0]) if s not in slot_idx.tolist()]
-    assert torch.equal(kernel_state[others], state[others]), "slots outside the call changed"
+def test_chunks_of_32_match_their_twin(lengths: list[int], heads: int, act: torch.dtype, state_dtype: torch.dtype) -> None:
+    _assert_matches_twin(_run(lengths, heads, act, state_dtype, 32, chunk=32), act, state_dtype, "tf32x3")
 
 
 @pytest.mark.parametrize("key_major", [False, True], ids=["value-major", "key-major"])
