@@ -30,6 +30,7 @@ async function main() {
   const chromium = await launchChromium();
   let passed = 0;
   let failed = 0;
+  const failures = [];
   try {
     for (const scenario of scenarios) {
       if (only && !scenario.name.includes(only)) continue;
@@ -43,6 +44,7 @@ async function main() {
         console.log(`✓ ${scenario.name} (${((Date.now() - started) / 1000).toFixed(1)} s)`);
       } catch (error) {
         failed += 1;
+        failures.push(`${scenario.name}: ${String(error?.message ?? error).split("\n")[0]}`);
         console.log(`✗ ${scenario.name}\n  ${String(error?.stack ?? error).replaceAll("\n", "\n  ")}`);
       } finally {
         await context.close();
@@ -55,6 +57,7 @@ async function main() {
         await step();
       } catch (error) {
         failed += 1;
+        failures.push(`clean-up: ${String(error?.message ?? error).split("\n")[0]}`);
         console.log(`✗ clean-up: ${String(error?.stack ?? error)}`);
       }
     }
@@ -62,6 +65,8 @@ async function main() {
   if (failed > 0) {
     console.log("--- backend log (open server, last 4000 characters) ---");
     console.log(open.log().slice(-4000));
+    // Again after the log, so the tail that CI keeps names what failed.
+    for (const failure of failures) console.log(`✗ ${failure}`);
   }
   console.log(`${passed} passed, ${failed} failed`);
   process.exitCode = failed === 0 ? 0 : 1;
