@@ -85,12 +85,31 @@ def kernel_sources(name: str, source_dir: Path = CUDA_SOURCE_DIR) -> list[Path]:
     return [source_dir / unit for unit in KERNEL_SOURCES[name]]
 
 
+_LOCAL_INCLUDE = re.compile(rb'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
+
+
+def local_headers(units: Sequence[Path], source_dir: Path = CUDA_SOURCE_DIR) -> list[Path]:
+    """The headers of `source_dir` that `units` include ("..." includes, followed through headers),
+    sorted by name: a library's binary depends on these and on nothing else in the directory."""
+    found: dict[str, Path] = {}
+    pending = list(units)
+    while pending:
+        for name in _LOCAL_INCLUDE.findall(pending.pop().read_bytes()):
+            header = source_dir / name.decode()
+            if header.name not in found and header.exists():
+                found[header.name] = header
+                pending.append(header)
+    return [found[name] for name in sorted(found)]
+
+
 def source_digest(name: str, source_dir: Path = CUDA_SOURCE_DIR) -> str:
-    """sha256 over a library's translation units and every shared header, in a fixed order."""
+    """sha256 over a library's translation units and the headers they include, in a fixed order.
+
+    Only included headers count, so a header one library adds (split_k.cuh) leaves the other
+    libraries' committed binaries fresh."""
     units = kernel_sources(name, source_dir)
-    headers = sorted(source_dir.glob("*.cuh")) + sorted(source_dir.glob("*.h"))
     digest = hashlib.sha256()
-    for path in [*units, *headers]:
+    for path in [*units, *local_headers(units, source_dir)]:
         digest.update(path.name.encode())
         digest.update(b"\0")
         # Normalise line endings so a Windows checkout does not mark every binary stale.

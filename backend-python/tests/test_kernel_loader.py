@@ -288,14 +288,33 @@ def test_unknown_kernel_name_lists_the_known_ones() -> None:
 
 
 def test_source_digest_follows_the_sources(tmp_path: Path) -> None:
-    for unit in ("wkv7.cu", "common.cuh"):
-        (tmp_path / unit).write_text("one\n")
+    (tmp_path / "wkv7.cu").write_text('#include "common.cuh"\n#include <cstdint>\n')
+    (tmp_path / "common.cuh").write_text("one\n")
     before = kernel_build.source_digest("wkv7", tmp_path)
     (tmp_path / "common.cuh").write_text("two\n")
     after = kernel_build.source_digest("wkv7", tmp_path)
     assert after != before, "a header edit must change the digest"
     (tmp_path / "common.cuh").write_bytes(b"two\r\n")
     assert kernel_build.source_digest("wkv7", tmp_path) == after, "CRLF line endings must not change the digest"
+
+
+def test_source_digest_counts_the_headers_a_library_includes_and_no_other(tmp_path: Path) -> None:
+    (tmp_path / "wkv7.cu").write_text('#include "split_k.cuh"\n')
+    (tmp_path / "split_k.cuh").write_text('#pragma once\n  #  include "common.cuh"\n')
+    (tmp_path / "common.cuh").write_text("one\n")
+    (tmp_path / "unrelated.cuh").write_text("one\n")
+    assert [path.name for path in kernel_build.local_headers([tmp_path / "wkv7.cu"], tmp_path)] == ["common.cuh", "split_k.cuh"]
+    before = kernel_build.source_digest("wkv7", tmp_path)
+    (tmp_path / "unrelated.cuh").write_text("two\n")
+    assert kernel_build.source_digest("wkv7", tmp_path) == before, "a header the library does not include must not count"
+    (tmp_path / "common.cuh").write_text("two\n")
+    assert kernel_build.source_digest("wkv7", tmp_path) != before, "a header included through another must count"
+
+
+def test_the_repository_libraries_include_common_cuh() -> None:
+    for name in kernel_build.KERNEL_SOURCES:
+        headers = [path.name for path in kernel_build.local_headers(kernel_build.kernel_sources(name))]
+        assert "common.cuh" in headers, f"{name}: {headers}"
 
 
 def test_importing_the_package_loads_and_compiles_nothing(tmp_path: Path) -> None:
