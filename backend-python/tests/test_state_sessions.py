@@ -215,7 +215,8 @@ def test_delete_a_session_and_not_found(server: Server) -> None:
     assert [s["session_id"] for s in server.client.post("/state/status").json()["sessions"]] == ["keep"]
     again = server.client.post("/state/delete", json={"session_id": "gone"})
     assert again.status_code == 404
-    assert again.json()["status"] == "not_found" and "gone" in again.json()["message"]
+    assert again.json()["status"] == "not_found" and "gone" in again.json()["message"]  # rwkv_lightning's shape
+    assert again.json()["error"] == {"message": again.json()["message"], "type": "not_found_error", "code": 404, "param": "session_id"}
     assert server.client.post("/state/delete", json={}).status_code == 400
 
 

@@ -19,7 +19,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from runner.context import context
-from runner.errors import ApiError
+from runner.errors import ApiError, error_payload
 from runner.interface import StateRef
 from runner.native_batch import NativeSpec, run_native
 from runner.native_schemas import StateChatRequest, StateDeleteRequest, StateStatusRequest
@@ -195,5 +195,7 @@ async def state_delete(request: Request) -> Response:
 
     removed = await asyncio.to_thread(delete)
     if not removed:
-        return JSONResponse({"status": "not_found", "message": f"no saved state matches session {session_id!r}"}, status_code=404)
+        # rwkv_lightning's clients read `status` and `message`; `error` is every other 4xx's shape.
+        message = f"no saved state matches session {session_id!r}"
+        return JSONResponse({"status": "not_found", "message": message, **error_payload(404, message, "session_id")}, status_code=404)
     return JSONResponse({"status": "success", "message": f"deleted {len(removed)} state(s) of session {session_id!r}", "deleted": removed})
