@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from albatross import linear, ops, wkv_dispatch
+from albatross import linear, loras, ops, wkv_dispatch
 from albatross.checkpoint import ModelConfig, fingerprint, read_state_dict, resolve_checkpoint_path, validate_state_dict
 from albatross.dtypes import DTYPES, SUPPORTED_DTYPES, default_dtype_name, dtype_named
 from albatross.quant import DEFAULT_WEIGHT_FORMAT, LARGE_MATRICES, Int8Weight, check_weight_format, quantize
@@ -355,14 +355,10 @@ class RWKV7:
         # Few, large ops: at batch 1 the step is bound by the host's per-op cost.
         mixes = ops.shift_mix(x, shift_state, batch.slot_idx, batch.cu_seqlens, layer.att_mix)
         r, k, v = linear.bmm(mixes[:3], layer.rkv).unbind(0)
-        xg = mixes[5]
         # mixes is (r, k, v, w, a, g): the stacked LoRAs take (v, w, a), or (w, a) in block 0.
-        stacked = layer.lora_down.shape[0]
-        hidden = linear.bmm(mixes[5 - stacked : 5], layer.lora_down)
-        hidden[-2].tanh_()  # the decay LoRA's nonlinearity; the others are linear
-        lora = linear.bmm(hidden, layer.lora_up)
+        lora, g = loras.block_loras(mixes, layer.lora_down, layer.lora_up, layer.g1, layer.g2)
+        stacked = lora.shape[0]
         w_lora, a_lora = lora[-2], lora[-1]
-        g = linear.mm(torch.sigmoid(linear.mm(xg, layer.g1)), layer.g2)
         if index == 0:  # block 0 defines v_first and has no value residual
             v_first = v
             w, a, b = ops.wkv_prep(k, v, w_lora, a_lora, None, None, layer.w0, layer.a0, None, layer.k_k, layer.k_a)

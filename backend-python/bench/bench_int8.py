@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import int8_kernels  # bench/ is this script's folder
-from albatross import cuda_ops, int8_dispatch
+from albatross import cuda_ops, int8_dispatch, loras
 from albatross.model import RWKV7
 from albatross.quant import LARGE_MATRICES, QMAX, quantize
 from albatross.random_checkpoint import NAMED_SHAPES, CheckpointShape, random_state_dict
@@ -130,14 +130,16 @@ def _shape(name: str) -> CheckpointShape:
 # Model level
 
 
-def model_speed(shape_name: str, steps: int) -> list[dict[str, object]]:
+def model_speed(shape_name: str, steps: int, fused_lora: bool = False) -> list[dict[str, object]]:
     """fp16 against int8 weights on one shape: batch-1 decode from a CUDA graph, batch 960 eager
-    decode with sampling, prefill 64 x 512 and 1 x 4096 (bench_model.py's timings)."""
+    decode with sampling, prefill 64 x 512 and 1 x 4096 (bench_model.py's timings); with
+    `fused_lora`, 1-4 rows take the fused LoRA kernels (both weight formats: LoRAs stay 16-bit)."""
     from albatross.cuda_graphs import DecodeGraphRunner
     from bench_model import bench_decode, bench_prefill  # bench/ is this script's folder
 
     shape = NAMED_SHAPES[shape_name]
     rows: list[dict[str, object]] = []
+    loras.set_fused_allowed(fused_lora)
     for weights in ("fp16", "int8"):
         start = time.perf_counter()
         model = RWKV7.from_state_dict(random_state_dict(shape, seed=0, device="cuda", dtype=torch.float16), "cuda", torch.float16, progress=False, weights=weights)
@@ -151,10 +153,11 @@ def model_speed(shape_name: str, steps: int) -> list[dict[str, object]]:
             bench_prefill(model, pool, 1, 4096, shape_name, 4096),
         ]
         for result in found:
-            rows.append({"weights": weights, **asdict(result)})
+            rows.append({"weights": weights, "fused_lora": fused_lora, **asdict(result)})
             print(rows[-1], flush=True)
         del runner, pool, model
         torch.cuda.empty_cache()
+    loras.set_fused_allowed(loras.FUSED_BY_DEFAULT)
     floors = {"decode+sample (graph)": 1.6, "decode+sample": 0.9, "prefill": 0.8}
     for row in rows:
         if row["weights"] != "int8":
@@ -183,6 +186,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--matrices", default=",".join(int8_kernels.DEFAULT_SHAPES), help=f"kernels: of {', '.join(int8_kernels.SHAPES)}")
     parser.add_argument("--cap", type=float, default=20.0, help="kernels: seconds each implementation may take in all")
     parser.add_argument("--only", default="", help="kernels: comma-separated words; only implementations named with one (and fp16)")
+    parser.add_argument("--fused-lora", choices=("on", "off"), default="off", help="model: 1-4 rows take the fused LoRA kernels")
     parser.add_argument("--json", type=Path, help="kernels: JSON Lines, appended row by row; the others: one JSON file at the end")
     args = parser.parse_args(argv)
     if args.what == "model" or args.device == "cuda":
@@ -203,7 +207,7 @@ def main(argv: list[str] | None = None) -> None:
         int8_kernels.kernels_main(tuple(args.matrices.split(",")), rows, args.reps, args.cap, only, args.json, args.device)
         return
     else:
-        figures = model_speed(args.shape, args.steps)
+        figures = model_speed(args.shape, args.steps, args.fused_lora == "on")
         print(f"\n{'weights':<8}{'what':<24}{'batch':>7}{'tok/s':>12}{'ms/step':>10}  vs fp16 (floor)")
         for r in figures:  # type: ignore[union-attr]
             ratio = f"{r['vs_fp16']:.2f}x" + (f" ({r['floor']}x)" if "floor" in r else "") if "vs_fp16" in r else ""

@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from albatross import cuda_ops, linear, ops, sampler, wkv_dispatch
+from albatross import cuda_ops, linear, loras, ops, sampler, wkv_dispatch
 from albatross.cuda_graphs import DecodeGraphRunner
 from albatross.model import RWKV7
 from albatross.random_checkpoint import NAMED_SHAPES, random_state_dict
@@ -250,6 +250,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--wkv-chunked", default="on", help="prefill with the chunked WKV kernel where its policy says (on), "
                         "never (off), for every slot of the policy's min_tokens or more (always), or several in turn (on,off,always)")
     parser.add_argument("--gemv", default="on", help="graph decode with the GEMV kernel for 1-4 rows (on), cuBLAS (off), or both")
+    parser.add_argument("--fused-lora", default="off", help="the fp16-state graph decode rows with the fused LoRA kernels for "
+                        "1-4 rows (on; albatross/lora_triton.py), the eager LoRAs (off), or both (on,off)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -295,9 +297,12 @@ def main(argv: list[str] | None = None) -> None:
             for batch in [int(b) for b in args.profile_graph_batches.split(",") if b]:
                 print(f"\n== profile: graph decode, batch {batch}, fp16 state, {args.shape}\n{profile_graph_decode(model, pool, batch)}", flush=True)
             fp16_graph_batches = [int(b) for b in args.fp16_graph_batches.split(",") if b and int(b) < pool.batch_size]
-            if fp16_graph_batches:  # what the engine runs: a captured step per bucket, fp16 state
+            for fused in _switch(args.fused_lora) if fp16_graph_batches else ():  # what the engine runs: a captured step per bucket
+                loras.set_fused_allowed(fused)  # captured into the graphs below
+                note = tag + ", cuBLAS" + (", fused LoRAs" if fused else "")
                 results += graph_decode_rows(model, pool, fp16_graph_batches, lambda batch: 3 * args.steps if batch == 1 else args.steps,
-                                             args.shape, tag + ", cuBLAS")  # fmt: skip
+                                             args.shape, note)  # fmt: skip
+                loras.set_fused_allowed(loras.FUSED_BY_DEFAULT)
         if state_dtype == torch.float32:
             for batch in [int(b) for b in args.profile_batches.split(",") if b]:
                 print(f"\n== profile: eager decode + sampling, batch {batch}, {args.shape}\n{profile_decode(model, pool, batch)}", flush=True)

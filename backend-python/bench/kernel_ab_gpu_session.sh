@@ -7,7 +7,8 @@
 # batch-1 decode with a CUDA graph, fp16 and int8 (bench_model.py, bench_int8.py model).
 #   VARIANT=gpu_scratch/variant bash backend-python/bench/kernel_ab_gpu_session.sh   (repository root; .whl/ carried)
 # $VARIANT is relative to the repository root and must travel (an untracked, not ignored folder).
-# Knobs: TESTS=0, MODEL=0, SHAPE (7.2b), MODEL_ARGS (more bench_model.py flags, e.g. --gemv on,off). Output: $OUT/log.txt, and per side base-*/variant-* JSON.
+# Knobs: TESTS=0, MODEL=0, SHAPE (7.2b), MODEL_ARGS (more bench_model.py flags, e.g. --gemv on,off
+# --fused-lora on,off), INT8_ARGS (more bench_int8.py model flags, e.g. --fused-lora on). Output: $OUT/log.txt, and per side base-*/variant-* JSON.
 set -uo pipefail
 . "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
 root=$(cd .. && pwd)
@@ -25,14 +26,14 @@ print({name: result.how for name, result in cuda_ops.enable_cuda_kernels().items
 " 2>&1 | tee -a "$log"
   if [ "${TESTS:-1}" = 1 ]; then
     timeout 300 python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_gemv_cuda.py tests/test_int8_cuda.py \
-        tests/test_cuda_kernels.py 2>&1 | tail -4 | tee -a "$log"
+        tests/test_cuda_kernels.py tests/test_lora_cuda.py 2>&1 | tail -4 | tee -a "$log"
   fi
   timeout 240 python3 bench/bench_gemv.py --rows 1,2 --json "$OUT/$1-gemv.json" 2>&1 | tee -a "$log" | tail -14
   timeout 240 python3 bench/bench_int8.py kernels --rows 1,2 --only GEMV --json "$OUT/$1-int8.jsonl" 2>&1 | tee -a "$log" | tail -14
   if [ "${MODEL:-1}" = 1 ]; then
     timeout 300 python3 bench/bench_model.py --shape "${SHAPE:-7.2b}" --batches 1 --graph-batches 1 --fp16-graph-batches 1 \
         --steps 10 --skip-accuracy ${MODEL_ARGS:-} --json "$OUT/$1-model.json" 2>&1 | tee -a "$log" | tail -8
-    timeout 300 python3 bench/bench_int8.py model --shape "${SHAPE:-7.2b}" --json "$OUT/$1-int8-model.json" 2>&1 | tee -a "$log" | tail -8
+    timeout 300 python3 bench/bench_int8.py model --shape "${SHAPE:-7.2b}" ${INT8_ARGS:-} --json "$OUT/$1-int8-model.json" 2>&1 | tee -a "$log" | tail -8
   fi
 }
 

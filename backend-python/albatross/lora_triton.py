@@ -1,0 +1,141 @@
+# mypy: ignore-errors
+# (the @triton.jit functions are Triton's language, not Python that mypy can check)
+"""A block's four small LoRAs at 1-4 rows in two launches (issue 16, batch-1 decode).
+
+The time-mix's value, decay and in-context-rate LoRAs (stacked, `[n, C, R]` down and `[n, R, C]`
+up) and its gate (`g1` `[C, G]`, `g2` `[G, C]`) take six kernels today: two bmm, the decay's tanh,
+two mm and the gate's sigmoid. At batch 1 each is launch-bound (a few us of GPU time for a few MB,
+plus the gap before the next kernel in the graph), and a 7.2B step has 32 of each. Here:
+
+1. `_down_kernel`: every down product at once, split over K so ~240 programs stream the 7.8 MB of a
+   7.2B block's down matrices; each writes fp32 partial sums `[splits, rows, n * R + G]`.
+2. `_up_kernel`: each program adds the splits' partials of its matrix in split order (so the result
+   does not depend on scheduling), rounds to the activation dtype, applies tanh (decay) or sigmoid
+   (gate) and rounds again, as the eager path's in-place ops do, then multiplies by its up matrix.
+
+The twin is `albatross.loras.loras_torch` (the eager path); tests/lora_triton_interpreter.py runs
+both kernels under Triton's CPU interpreter against it, and tests/test_lora_cuda.py on a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+MAX_ROWS = 4
+ROWS_P = 16  # rows padded (masked) to tl.dot's smallest tile, so both kernels' loads are pipelined
+SPLITS = 8  # K pieces of the down products: a 7.2B block's 30 column tiles x 8 = 240 programs
+BLOCK_N_DOWN = 32
+BLOCK_K_DOWN = 64
+BLOCK_N_UP = 64
+BLOCK_K_UP = 32
+
+
+@triton.jit
+def _down_kernel(
+    x_ptr, down_ptr, g1_ptr, partial_ptr,
+    rows, C, R, G, k_per_split,
+    stride_xm, stride_xr,  # mixes [6, rows, C]: matrix, row (columns are contiguous)
+    N_STACK: tl.constexpr, ROWS_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    split = tl.program_id(1)
+    stack_tiles = tl.cdiv(R, BLOCK_N)
+    is_gate = tile >= N_STACK * stack_tiles
+    matrix = tl.where(is_gate, N_STACK, tile // stack_tiles)  # N_STACK: the gate
+    first = tl.where(is_gate, tile - N_STACK * stack_tiles, tile % stack_tiles) * BLOCK_N
+    width = tl.where(is_gate, G, R)
+    mix = 5 - N_STACK + matrix  # mixes are (r, k, v, w, a, g): the stack takes the n before g
+    out_col = matrix * R  # the gate's columns follow the stack's
+    if is_gate:
+        w_ptr = g1_ptr
+    else:
+        w_ptr = down_ptr + matrix.to(tl.int64) * C * R
+    offs_r = tl.arange(0, ROWS_P)
+    offs_n = first + tl.arange(0, BLOCK_N)
+    k_begin = split * k_per_split
+    k_end = tl.minimum(k_begin + k_per_split, C)
+    acc = tl.zeros((ROWS_P, BLOCK_N), dtype=tl.float32)
+    for k0 in range(k_begin, k_end, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        k_ok = offs_k < k_end
+        x = tl.load(x_ptr + mix * stride_xm + offs_r[:, None] * stride_xr + offs_k[None, :],
+                    mask=(offs_r[:, None] < rows) & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptr + offs_k[:, None] * width + offs_n[None, :],
+                    mask=k_ok[:, None] & (offs_n[None, :] < width), other=0.0)
+        acc = tl.dot(x, w, acc)
+    total = N_STACK * R + G
+    out = partial_ptr + split * rows * total + offs_r[:, None] * total + out_col + offs_n[None, :]
+    tl.store(out, acc, mask=(offs_r[:, None] < rows) & (offs_n[None, :] < width))
+
+
+@triton.jit
+def _up_kernel(
+    partial_ptr, up_ptr, g2_ptr, lora_ptr, gate_ptr,
+    rows, C, R, G,
+    N_STACK: tl.constexpr, SPLITS: tl.constexpr, ROWS_P: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+):
+    matrix = tl.program_id(1)  # 0..N_STACK-1: the stack; N_STACK: the gate
+    offs_r = tl.arange(0, ROWS_P)
+    offs_n = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    total = N_STACK * R + G
+    is_gate = matrix == N_STACK
+    if is_gate:
+        rank = G
+        u_ptr = g2_ptr
+        in_col = N_STACK * R
+        out_ptr = gate_ptr
+    else:
+        rank = R
+        u_ptr = up_ptr + matrix.to(tl.int64) * R * C
+        in_col = matrix * R
+        out_ptr = lora_ptr + matrix.to(tl.int64) * rows * C
+    acc = tl.zeros((ROWS_P, BLOCK_N), dtype=tl.float32)
+    for k0 in range(0, rank, BLOCK_K):
+        offs_k = k0 + tl.arange(0, BLOCK_K)
+        h_mask = (offs_r[:, None] < rows) & (offs_k[None, :] < rank)
+        h = tl.zeros((ROWS_P, BLOCK_K), dtype=tl.float32)
+        for p in tl.static_range(SPLITS):  # unrolled, in split order: the sum does not depend on scheduling
+            h += tl.load(partial_ptr + p * rows * total + offs_r[:, None] * total + in_col + offs_k[None, :], mask=h_mask, other=0.0)
+        h = h.to(lora_ptr.dtype.element_ty).to(tl.float32)  # the down product's output dtype, as eager
+        if is_gate:
+            h = tl.sigmoid(h)
+        elif matrix == N_STACK - 2:  # the decay LoRA
+            h = 2.0 * tl.sigmoid(2.0 * h) - 1.0  # tanh
+        u = tl.load(u_ptr + offs_k[:, None] * C + offs_n[None, :], mask=(offs_k[:, None] < rank) & (offs_n[None, :] < C), other=0.0)
+        acc = tl.dot(h.to(lora_ptr.dtype.element_ty), u, acc)  # rounded to the dtype, as eager
+    out = out_ptr + offs_r[:, None] * C + offs_n[None, :]
+    tl.store(out, acc.to(lora_ptr.dtype.element_ty), mask=(offs_r[:, None] < rows) & (offs_n[None, :] < C))
+
+
+def fused_loras(
+    mixes: torch.Tensor, lora_down: torch.Tensor, lora_up: torch.Tensor, g1: torch.Tensor, g2: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lora `[n, rows, C]`, gate `[rows, C]`) from mixes `[6, rows, C]` (1-4 rows), as
+    `loras.loras_torch` computes them."""
+    n, C, R = lora_down.shape
+    G = g1.shape[1]
+    rows = mixes.shape[1]
+    assert mixes.shape[0] == 6 and mixes.shape[2] == C and 1 <= rows <= MAX_ROWS, mixes.shape
+    assert n >= 2 and lora_up.shape == (n, R, C) and g1.shape == (C, G) and g2.shape == (G, C)
+    assert mixes.stride(2) == 1 and lora_down.is_contiguous() and lora_up.is_contiguous() and g1.is_contiguous() and g2.is_contiguous()
+    assert len({mixes.dtype, lora_down.dtype, lora_up.dtype, g1.dtype, g2.dtype}) == 1, "one dtype"
+    k_per_split = triton.cdiv(triton.cdiv(C, SPLITS), BLOCK_K_DOWN) * BLOCK_K_DOWN
+    splits = triton.cdiv(C, k_per_split)  # SPLITS, or fewer for a narrow model
+    # Splits past the last are zeros, so the up kernel can add SPLITS of them unconditionally.
+    partial = torch.zeros((SPLITS, rows, n * R + G), dtype=torch.float32, device=mixes.device) if splits < SPLITS else torch.empty(
+        (SPLITS, rows, n * R + G), dtype=torch.float32, device=mixes.device
+    )
+    tiles = n * triton.cdiv(R, BLOCK_N_DOWN) + triton.cdiv(G, BLOCK_N_DOWN)
+    _down_kernel[(tiles, splits)](
+        mixes, lora_down, g1, partial, rows, C, R, G, k_per_split, mixes.stride(0), mixes.stride(1),
+        N_STACK=n, ROWS_P=ROWS_P, BLOCK_N=BLOCK_N_DOWN, BLOCK_K=BLOCK_K_DOWN,
+    )
+    lora = torch.empty((n, rows, C), dtype=mixes.dtype, device=mixes.device)
+    gate = torch.empty((rows, C), dtype=mixes.dtype, device=mixes.device)
+    _up_kernel[(triton.cdiv(C, BLOCK_N_UP), n + 1)](
+        partial, lora_up, g2, lora, gate, rows, C, R, G,
+        N_STACK=n, SPLITS=SPLITS, ROWS_P=ROWS_P, BLOCK_N=BLOCK_N_UP, BLOCK_K=BLOCK_K_UP,
+    )
+    return lora, gate

@@ -1,0 +1,72 @@
+"""The time-mix's small LoRAs: value (blocks 1+), decay and in-context rate, stacked (`[n, C, R]`
+down, `[n, R, C]` up, docs/model.md), and the gate (`g1`, `g2`).
+
+`loras_torch` is the eager path and the twin: two bmm for the stack with the decay's tanh between,
+two mm for the gate with its sigmoid. With `set_fused_allowed(True)`, 1-4 rows of fp16/bf16 on a
+GPU take `lora_triton.fused_loras` instead: the same arithmetic in two launches instead of six,
+for batch-1 decode, where each of those kernels is launch-bound. It is off by default until the
+H200 has timed it (`bench/bench_model.py --fused-lora on,off`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+
+from albatross import linear
+
+log = logging.getLogger("albatross.kernels")
+
+FUSED_BY_DEFAULT = False  # written without a GPU (session 8): not timed yet
+_fused_allowed = FUSED_BY_DEFAULT
+_kernels: Any = None  # albatross.lora_triton once imported; False when triton is missing
+_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def set_fused_allowed(allowed: bool) -> None:
+    """Let 1-4 rows on a GPU take the two-launch Triton kernels (benchmarks and tests compare)."""
+    global _fused_allowed
+    _fused_allowed = allowed
+
+
+def _fused_kernels() -> Any:
+    global _kernels
+    if _kernels is None:
+        try:
+            from albatross import lora_triton
+
+            _kernels = lora_triton
+        except ImportError as error:  # a CPU build of torch or no triton: the eager path serves
+            log.info("fused LoRA kernels unavailable (%s): the eager path serves", error)
+            _kernels = False
+    return _kernels
+
+
+def fused_applies(mixes: torch.Tensor) -> bool:
+    return bool(
+        _fused_allowed and mixes.is_cuda and mixes.dtype in _DTYPES and mixes.shape[1] <= 4 and _fused_kernels()
+    )
+
+
+def loras_torch(
+    mixes: torch.Tensor, lora_down: torch.Tensor, lora_up: torch.Tensor, g1: torch.Tensor, g2: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(lora `[n, rows, C]`: the stack's outputs in its order, gate `[rows, C]`) from the six token
+    mixes `[6, rows, C]` (r, k, v, w, a, g): the stack takes (v, w, a), or (w, a) in block 0."""
+    stacked = lora_down.shape[0]
+    hidden = linear.bmm(mixes[5 - stacked : 5], lora_down)
+    hidden[-2].tanh_()  # the decay LoRA's nonlinearity; the others are linear
+    lora = linear.bmm(hidden, lora_up)
+    gate = linear.mm(torch.sigmoid(linear.mm(mixes[5], g1)), g2)
+    return lora, gate
+
+
+def block_loras(
+    mixes: torch.Tensor, lora_down: torch.Tensor, lora_up: torch.Tensor, g1: torch.Tensor, g2: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    if fused_applies(mixes):
+        result: tuple[torch.Tensor, torch.Tensor] = _kernels.fused_loras(mixes, lora_down, lora_up, g1, g2)
+        return result
+    return loras_torch(mixes, lora_down, lora_up, g1, g2)

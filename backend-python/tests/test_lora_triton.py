@@ -1,0 +1,51 @@
+"""The fused LoRA kernels (albatross/lora_triton.py) under Triton's CPU interpreter (a child
+process, since TRITON_INTERPRET must be set before the kernels are decorated) match the eager
+path (`loras.loras_torch`) on random inputs; on a GPU, test_lora_cuda.py runs them for real. The
+dispatch keeps the eager path where the kernels do not apply."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from albatross import loras
+
+SCRIPT = Path(__file__).with_name("lora_triton_interpreter.py")
+TOLERANCE = {"fp32": 1e-5, "fp16": 2e-3}  # of the largest output; fp16 rounds twice on the way
+
+
+@pytest.fixture(scope="module")
+def cases() -> list[dict[str, object]]:
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    done = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, f"interpreter run failed:\n{done.stdout}\n{done.stderr[-4000:]}"
+    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+
+
+def test_every_case_ran(cases: list[dict[str, object]]) -> None:
+    assert len(cases) == 8, [case["name"] for case in cases]
+
+
+def test_the_fused_loras_match_the_eager_path(cases: list[dict[str, object]]) -> None:
+    for case in cases:
+        assert case["lora_shape"] == case["want_lora_shape"] and case["gate_shape"] == case["want_gate_shape"], case
+        expected = {"fp32": "torch.float32", "fp16": "torch.float16"}[str(case["act"])]
+        assert case["dtypes"] == [expected, expected], case
+        for part in ("lora_error", "gate_error", "decay_error"):
+            assert float(case[part]) <= TOLERANCE[str(case["act"])], f"{case['name']}: {part} {case[part]:.2e}"
+
+
+def test_the_eager_path_serves_where_the_kernels_do_not_apply() -> None:
+    mixes = torch.randn(6, 2, 64, dtype=torch.float16)
+    loras.set_fused_allowed(True)
+    try:
+        assert not loras.fused_applies(mixes), "a CPU tensor takes the eager path"
+    finally:
+        loras.set_fused_allowed(loras.FUSED_BY_DEFAULT)
+    assert not loras.FUSED_BY_DEFAULT, "off until the H200 has timed it (docs/performance.md)"
