@@ -13,11 +13,30 @@ from pathlib import Path
 from runner.errors import ApiError
 
 CHECKPOINT_SUFFIX = ".pth"
+SHOWN_NAME_CHARACTERS = 200  # of a name quoted back in a 404: a body may carry a megabyte of one
+
+
+def _expanded(name: str) -> Path:
+    try:
+        return Path(name).expanduser()
+    except RuntimeError:  # `~someone` for a user this machine does not have: a literal name
+        return Path(name)
+
+
+def _is_file(path: Path) -> bool:
+    try:
+        return path.is_file()
+    except OSError:  # a name past the OS's limits (ENAMETOOLONG), a symlink loop: nothing to load
+        return False
+
+
+def _shown(text: str) -> str:
+    return text if len(text) <= SHOWN_NAME_CHARACTERS else text[:SHOWN_NAME_CHARACTERS] + f"... ({len(text)} characters)"
 
 
 def candidate_paths(name: str, search_dirs: Sequence[Path], suffix: str = CHECKPOINT_SUFFIX) -> list[Path]:
     """Every path `name` may mean, in lookup order (without duplicates)."""
-    path = Path(name).expanduser()
+    path = _expanded(name)
     bases = [path] if path.is_absolute() else [directory / path for directory in search_dirs]
     found: list[Path] = []
     for base in bases:
@@ -32,8 +51,8 @@ def find_file(name: str, models_dir: Path, what: str, param: str, suffix: str = 
     404 naming every place looked at otherwise."""
     candidates = candidate_paths(name, [Path.cwd(), models_dir], suffix)
     for candidate in candidates:
-        if candidate.is_file():
+        if _is_file(candidate):
             return candidate.resolve()
-    looked = ", ".join(str(c.absolute()) for c in candidates)
-    raise ApiError(404, f"{what} not found: {name!r} (looked for {looked})", param)
+    looked = ", ".join(_shown(str(c.absolute())) for c in candidates)
+    raise ApiError(404, f"{what} not found: {_shown(repr(name))} (looked for {looked})", param)
 

@@ -134,6 +134,9 @@ def test_model_path_at_start_is_resolved_like_the_guis_paths(tmp_path: Path, mon
         ({"model": "alpha", "strategy": "cpu int4"}, 400, "strategy", "valid strategies"),
         ({"model": "alpha", "strategy": "tpu"}, 400, "strategy", "first word"),
         ({"model": "missing", "strategy": "cpu fp32"}, 404, "model", "looked for"),
+        # Found by fuzzing /switch-model (tests/test_route_fuzz.py): both were a 500.
+        ({"model": "~0", "strategy": "cpu fp32"}, 404, "model", "looked for"),  # no user "0" to expand
+        ({"model": "m" * 5000, "strategy": "cpu fp32"}, 404, "model", "(5002 characters)"),  # ENAMETOOLONG
         # On the CPU: more workers than cores (999 once took the process down for memory), and
         # more host memory than the machine has (a batch of 10^8 state slots).
         ({"model": "random:tiny", "strategy": "albatross workers=999 device=cpu"}, 400, "strategy", "CPU workers"),
