@@ -10,18 +10,15 @@ H200 has timed it (`bench/bench_model.py --fused-lora on,off`).
 
 from __future__ import annotations
 
-import logging
-from typing import Any
+import importlib.util
 
 import torch
 
 from albatross import linear
 
-log = logging.getLogger("albatross.kernels")
-
 FUSED_BY_DEFAULT = False  # written without a GPU (session 8): not timed yet
 _fused_allowed = FUSED_BY_DEFAULT
-_kernels: Any = None  # albatross.lora_triton once imported; False when triton is missing
+_TRITON = importlib.util.find_spec("triton") is not None  # CUDA builds of torch ship it
 _DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -31,23 +28,8 @@ def set_fused_allowed(allowed: bool) -> None:
     _fused_allowed = allowed
 
 
-def _fused_kernels() -> Any:
-    global _kernels
-    if _kernels is None:
-        try:
-            from albatross import lora_triton
-
-            _kernels = lora_triton
-        except ImportError as error:  # a CPU build of torch or no triton: the eager path serves
-            log.info("fused LoRA kernels unavailable (%s): the eager path serves", error)
-            _kernels = False
-    return _kernels
-
-
 def fused_applies(mixes: torch.Tensor) -> bool:
-    return bool(
-        _fused_allowed and mixes.is_cuda and mixes.dtype in _DTYPES and mixes.shape[1] <= 4 and _fused_kernels()
-    )
+    return _fused_allowed and _TRITON and mixes.is_cuda and mixes.dtype in _DTYPES and mixes.shape[1] <= 4
 
 
 def loras_torch(
@@ -67,6 +49,7 @@ def block_loras(
     mixes: torch.Tensor, lora_down: torch.Tensor, lora_up: torch.Tensor, g1: torch.Tensor, g2: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
     if fused_applies(mixes):
-        result: tuple[torch.Tensor, torch.Tensor] = _kernels.fused_loras(mixes, lora_down, lora_up, g1, g2)
-        return result
+        from albatross import lora_triton  # Triton is imported only where a GPU path runs
+
+        return lora_triton.fused_loras(mixes, lora_down, lora_up, g1, g2)
     return loras_torch(mixes, lora_down, lora_up, g1, g2)

@@ -5,13 +5,11 @@ equal it bit for bit. On a GPU, test_int8_cuda.py runs them for real."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from interpreter_cases import interpreter_cases
 
 SCRIPT = Path(__file__).with_name("int8_triton_interpreter.py")
 TOLERANCE = {"fp32": 1e-5, "fp16": 2e-3}  # of the largest output; fp16 rounds the output once
@@ -19,10 +17,7 @@ TOLERANCE = {"fp32": 1e-5, "fp16": 2e-3}  # of the largest output; fp16 rounds t
 
 @pytest.fixture(scope="module")
 def cases() -> list[dict[str, object]]:
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    done = subprocess.run([sys.executable, str(SCRIPT)], env=env, capture_output=True, text=True, timeout=600, check=False)
-    assert done.returncode == 0, f"interpreter run failed:\n{done.stdout}\n{done.stderr[-4000:]}"
-    return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
+    return interpreter_cases(SCRIPT)
 
 
 def test_every_case_ran(cases: list[dict[str, object]]) -> None:

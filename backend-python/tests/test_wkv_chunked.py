@@ -5,10 +5,6 @@ own rounding in fp32, and the Triton kernels (run by Triton's CPU interpreter) a
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -16,6 +12,7 @@ import torch
 
 from albatross import ops, wkv_dispatch
 from albatross.wkv_chunked import CHUNK, unit_lower_inverse, wkv7_chunked_torch
+from interpreter_cases import interpreter_cases
 from wkv_reference import flat_batch_args, wkv7_float64, wkv_inputs
 
 HERE = Path(__file__).resolve().parent
@@ -112,13 +109,8 @@ def test_dispatch_on_cpu_is_the_sequential_twin() -> None:
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
 def test_triton_kernels_match_their_twin_in_the_interpreter() -> None:
-    env = {**os.environ, "TRITON_INTERPRET": "1"}
-    run = subprocess.run(
-        [sys.executable, str(HERE / "wkv_chunked_interpreter.py")], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert run.returncode == 0, run.stderr[-3000:]
-    results = [json.loads(line) for line in run.stdout.splitlines() if line.startswith("{")]
-    assert len(results) == 16, run.stdout
+    results = interpreter_cases(HERE / "wkv_chunked_interpreter.py")
+    assert len(results) == 16, [result.get("name") for result in results]
     tolerance = {"fp32": 2e-6, "fp16": 2e-3, "bf16": 1.6e-2}  # a few fp32 ulps; one 16-bit rounding
     for result in results:
         assert result["finite"] and result["untouched_equal"], result
