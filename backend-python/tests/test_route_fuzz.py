@@ -92,14 +92,19 @@ def own_server(tiny_checkpoint: Path, tmp_path_factory: pytest.TempPathFactory) 
     yield from _serve(tiny_checkpoint, tmp_path_factory)
 
 
+def _above(value: Any, bound: int) -> bool:
+    """A number past `bound`: pydantic takes 5019.0 for an int field, as JSON clients send it."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value > bound
+
+
 def _bounded(body: Any) -> None:
     if isinstance(body, dict):
-        if not isinstance(body.get("max_tokens"), int) or body["max_tokens"] > MAX_TOKENS:
+        if not isinstance(body.get("max_tokens"), (int, float)) or _above(body["max_tokens"], MAX_TOKENS):
             body["max_tokens"] = MAX_TOKENS
-        if isinstance(body.get("max_completion_tokens"), int) and body["max_completion_tokens"] > MAX_TOKENS:
+        if _above(body.get("max_completion_tokens"), MAX_TOKENS):
             body["max_completion_tokens"] = MAX_TOKENS  # OpenAI's newer name wins over max_tokens
         for many in ("n", "best_of"):
-            if isinstance(body.get(many), int) and body[many] > 4:
+            if _above(body.get(many), 4):
                 body[many] = 4
 
 
