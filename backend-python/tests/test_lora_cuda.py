@@ -13,7 +13,9 @@ from albatross.random_checkpoint import CheckpointShape, random_state_dict
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
 DEV = "cuda"
-TOLERANCE = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}  # relative to the largest output
+# Relative to the largest output; both sides round (the eager one through cuBLAS, which may reduce
+# in fp16), so twice the GEMV tests' bounds against float64.
+TOLERANCE = {torch.float16: 4e-3, torch.bfloat16: 3.2e-2}
 
 
 def _operands(rows: int, n: int, C: int, R: int, G: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, ...]:
