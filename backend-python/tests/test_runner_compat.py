@@ -345,6 +345,7 @@ def test_file_to_text_reads_a_txt_upload_as_the_gui_sends_it(client: TestClient)
         ({"file_data": ("a.pdf", b"not a pdf")}, {}, 400, "file_data"),
         ({"other": ("a.txt", b"x")}, {}, 422, "file_data"),
         ({"file_data": ("a.txt", b"x")}, {"file_encoding": "no-such-codec"}, 422, "file_encoding"),
+        ({"file_data": ("a.txt", b"x")}, {"file_encoding": "utf-8\x00"}, 422, "file_encoding"),  # was a 500 (fuzz)
     ],
 )
 def test_file_to_text_refuses_what_it_cannot_read(client: TestClient, files: dict, params: dict, status: int, param: str) -> None:

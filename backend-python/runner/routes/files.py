@@ -86,7 +86,7 @@ async def file_to_text(request: Request) -> dict[str, list[Page]]:
         encoding = _field(form, request, "file_encoding") or "utf-8"
         try:
             codecs.lookup(encoding)
-        except LookupError as exc:
+        except (LookupError, ValueError) as exc:  # ValueError: a name with a NUL in it
             raise ApiError(422, f"file_encoding: unknown encoding {encoding!r}", "file_encoding") from exc
         parser = PARSERS.get(PurePath(name).suffix.lower())
         if parser is None:
