@@ -124,9 +124,8 @@ def fused_loras(
     k_per_split = triton.cdiv(triton.cdiv(C, SPLITS), BLOCK_K_DOWN) * BLOCK_K_DOWN
     splits = triton.cdiv(C, k_per_split)  # SPLITS, or fewer for a narrow model
     # Splits past the last are zeros, so the up kernel can add SPLITS of them unconditionally.
-    partial = torch.zeros((SPLITS, rows, n * R + G), dtype=torch.float32, device=mixes.device) if splits < SPLITS else torch.empty(
-        (SPLITS, rows, n * R + G), dtype=torch.float32, device=mixes.device
-    )
+    allocate = torch.zeros if splits < SPLITS else torch.empty
+    partial = allocate((SPLITS, rows, n * R + G), dtype=torch.float32, device=mixes.device)
     tiles = n * triton.cdiv(R, BLOCK_N_DOWN) + triton.cdiv(G, BLOCK_N_DOWN)
     _down_kernel[(tiles, splits)](
         mixes, lora_down, g1, partial, rows, C, R, G, k_per_split, mixes.stride(0), mixes.stride(1),
