@@ -14,6 +14,8 @@ import torch
 from albatross.state import SlotState
 from albatross_engine.state_cache import StateCache
 from albatross_engine.state_cache.host_slab import HostSlab
+from albatross_engine.state_cache.records import StoredRecord
+from albatross_engine.state_cache.sqlite_tier import SqliteTier
 
 LAYERS, WIDTH, HEADS, HEAD_SIZE = 2, 128, 2, 64
 
@@ -374,3 +376,45 @@ def test_host_slab_cuts_equal_slots_and_refuses_larger_states() -> None:
     bigger = SlotState(torch.zeros(LAYERS, 2 * WIDTH), torch.zeros(LAYERS, 2 * WIDTH), state.wkv)
     assert not slab.fits(bigger) and slab.take(bigger) is None
     slab.close()
+
+
+
+def open_together_and_write(path: Path, openers: int) -> tuple[list[SqliteTier], list[str]]:
+    """`openers` threads open `path` at one moment and each writes a row: the tiers, and what failed."""
+    start = threading.Barrier(openers)
+    failures: list[str] = []
+    tiers: list[SqliteTier] = []
+
+    def open_and_write(index: int) -> None:
+        start.wait()
+        try:
+            tier = SqliteTier(path, budget_bytes=1 << 20)
+            tiers.append(tier)
+            tier.write("model-a", StoredRecord(f"prefix:{index}", "layout", "float32", 1, "sum", b"x", float(index)))
+        except Exception as error:
+            failures.append(f"{type(error).__name__}: {error}")
+
+    threads = [threading.Thread(target=open_and_write, args=(i,)) for i in range(openers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return tiers, failures
+
+
+def test_connections_opening_one_new_file_at_once_all_open_it_and_write(tmp_path: Path) -> None:
+    """Worker processes open the server's database together. SQLite answers a second connection's
+    switch to WAL with 'database is locked' at once, without waiting (1 round in 15 failed so before
+    the switch was retried): every opener must get the file, in WAL mode, and write to it."""
+    openers = 4
+    for round_index in range(60):
+        path = tmp_path / f"round{round_index}.sqlite3"
+        tiers, failures = open_together_and_write(path, openers)
+        try:
+            assert failures == [], f"round {round_index}: {failures}"
+            assert sorted(key for key, _ in tiers[0].list_keys("model-a")) == [f"prefix:{i}" for i in range(openers)]
+            with sqlite3.connect(path) as connection:
+                assert connection.execute("PRAGMA journal_mode").fetchone() == ("wal",)
+        finally:
+            for tier in tiers:
+                tier.close()

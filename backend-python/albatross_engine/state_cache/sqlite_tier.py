@@ -4,21 +4,29 @@ Every write is one transaction (the row and the budget eviction together), so a 
 the old row or the new one. Two connections: one for writes (the writer thread, deletes, counters)
 and one for reads, so a route or a worker reading a state does not wait behind a large write.
 
-The file belongs to one process: its turn locks are in-process (`turn_locks.py`) and nothing else
-changes its rows, so the cache trusts its memory copies (`shared = False`). `PRAGMA user_version`
+The file belongs to one server: its turn locks are in-process (`turn_locks.py`), and the only other
+writers are that server's worker processes, which write prefix states alone (named by their content,
+so never stale); the cache trusts its memory copies (`shared = False`). Those processes open the file
+at the same moment, which is why the switch to WAL is retried (`_enter_wal`). `PRAGMA user_version`
 numbers the key scheme; opening an older file migrates it (`key_migration.py`).
 """
 
 from __future__ import annotations
 
+import logging
 import sqlite3
 import threading
+import time
 from pathlib import Path
 
 from albatross_engine.state_cache.durable_tier import Fence
 from albatross_engine.state_cache.key_migration import migrate_keys
 from albatross_engine.state_cache.records import StoredRecord
 from albatross_engine.state_cache.turn_locks import LocalTurnLocks
+
+logger = logging.getLogger(__name__)
+
+BUSY_TIMEOUT_S = 30.0  # how long a statement waits for another connection's lock
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS states (
@@ -44,10 +52,41 @@ CREATE TABLE IF NOT EXISTS counters (
 
 def _connect(path: Path) -> sqlite3.Connection:
     # isolation_level=None: transactions are explicit (BEGIN IMMEDIATE ... COMMIT).
-    connection = sqlite3.connect(path, timeout=30.0, isolation_level=None, check_same_thread=False)
-    connection.execute("PRAGMA journal_mode=WAL")
-    connection.execute("PRAGMA synchronous=FULL")  # a committed turn survives an OS crash too
+    connection = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False)
+    try:
+        _enter_wal(connection, path)
+        connection.execute("PRAGMA synchronous=FULL")  # a committed turn survives an OS crash too
+    except BaseException:
+        connection.close()
+        raise
     return connection
+
+
+def _enter_wal(connection: sqlite3.Connection, path: Path, deadline_s: float = BUSY_TIMEOUT_S) -> None:
+    """Puts the file in WAL mode, which it keeps. The switch needs the file to itself and SQLite
+    answers SQLITE_BUSY at once, without its busy handler, while another connection opens the file
+    (worker processes open the same file together: 1 open in 15 failed so with four threads), so
+    a busy answer is retried here, for as long as any other statement would wait."""
+    give_up = time.monotonic() + deadline_s
+    pause = 0.001
+    while True:
+        try:
+            (mode,) = connection.execute("PRAGMA journal_mode=WAL").fetchone()
+            break
+        except sqlite3.OperationalError as error:
+            if not _is_busy(error) or time.monotonic() + pause > give_up:
+                raise
+        time.sleep(pause)
+        pause = min(pause * 2, 0.05)
+    if str(mode).lower() != "wal":  # e.g. a file system without shared memory: the file still works, writers wait longer
+        logger.warning("state cache %s: SQLite kept journal_mode=%s (WAL unavailable here)", path, mode)
+
+
+def _is_busy(error: sqlite3.OperationalError) -> bool:
+    code = getattr(error, "sqlite_errorcode", None)
+    if code is not None:
+        return (code & 0xFF) in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED)
+    return "locked" in str(error) or "busy" in str(error)
 
 
 class SqliteTier:
