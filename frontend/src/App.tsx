@@ -9,7 +9,7 @@ import {
   webLightTheme,
 } from "@fluentui/react-components";
 import { ApiClient } from "./api/client";
-import { loadSettings, saveSettings, type Settings } from "./config/settings";
+import { applySettingsUpdate, loadSettings, saveSettings, type Settings, type SettingsUpdate } from "./config/settings";
 import { LanguageContext, useT } from "./i18n/I18nContext";
 import { LANGUAGE_NAMES, LANGUAGES, type Language } from "./i18n/strings";
 import { PasswordDialog, type PasswordRequest } from "./components/PasswordDialog";
@@ -49,7 +49,7 @@ export function App() {
   );
   const server = useServerStatus(client);
 
-  const update = useCallback((patch: Partial<Settings>) => setSettings((current) => ({ ...current, ...patch })), []);
+  const update = useCallback((change: SettingsUpdate) => setSettings((current) => applySettingsUpdate(current, change)), []);
   useEffect(() => {
     const timer = setTimeout(() => saveSettings(window.localStorage, settings), SAVE_DELAY_MS);
     return () => clearTimeout(timer);

@@ -21,6 +21,26 @@ export interface Settings {
   batchCount: number;
 }
 
+/** A change to the settings: the fields to set, or a function of the settings as they are when
+ * the change is applied (not as some earlier render saw them). */
+export type SettingsUpdate = Partial<Settings> | ((current: Settings) => Partial<Settings>);
+
+/** `current` with `change` applied; `current` itself when nothing changes (no render, no save). */
+export function applySettingsUpdate(current: Settings, change: SettingsUpdate): Settings {
+  const patch = typeof change === "function" ? change(current) : change;
+  const changed = (Object.keys(patch) as (keyof Settings)[]).some((key) => patch[key] !== current[key]);
+  return changed ? { ...current, ...patch } : current;
+}
+
+/**
+ * The change that makes the device follow the server (suggestedDevice) until the person picks one.
+ * Given to `update` as a function, so it reads `deviceChosen` when it is applied: a pick made
+ * between the status's arrival and this change (the browser test saw one) is never undone.
+ */
+export function followServerDevice(gpuAvailable: boolean): (current: Settings) => Partial<Settings> {
+  return (current) => (current.deviceChosen ? {} : { device: suggestedDevice(gpuAvailable) });
+}
+
 /** The runner's own defaults (docs/api.md), so an untouched form changes nothing. */
 export const RUNNER_SAMPLING: Sampling = {
   max_tokens: 500,

@@ -22,11 +22,11 @@ import {
   buildStrategy,
   DEVICES,
   parseWholeNumber,
-  suggestedDevice,
   usesWorkersAndBatch,
   WORKERS_RANGE,
   type Device,
 } from "../config/strategy";
+import { followServerDevice } from "../config/settings";
 import { useT } from "../i18n/I18nContext";
 import type { StringKey } from "../i18n/strings";
 import { SamplingForm } from "../components/SamplingForm";
@@ -70,13 +70,11 @@ export function ConfigsPage({
     }
   }, [models, settings.modelPath, update]);
 
-  // Until the person picks a device, preselect what this server can run (suggestedDevice).
+  // Until the person picks a device, preselect what this server can run (followServerDevice).
   const gpuAvailable = server.status?.gpu_available;
   useEffect(() => {
-    if (settings.deviceChosen || gpuAvailable === undefined) return;
-    const suggested = suggestedDevice(gpuAvailable);
-    if (suggested !== settings.device) update({ device: suggested });
-  }, [gpuAvailable, settings.deviceChosen, settings.device, update]);
+    if (gpuAvailable !== undefined) update(followServerDevice(gpuAvailable));
+  }, [gpuAvailable, settings.deviceChosen, update]);
 
   const workers = parseWholeNumber(workersText);
   const batch = parseWholeNumber(batchText);

@@ -1,9 +1,9 @@
 import type { ApiClient } from "../api/client";
-import type { Settings } from "../config/settings";
+import type { Settings, SettingsUpdate } from "../config/settings";
 
 /** What every page receives from the app shell: the API client and the persisted settings. */
 export interface PageProps {
   client: ApiClient;
   settings: Settings;
-  update: (patch: Partial<Settings>) => void;
+  update: (change: SettingsUpdate) => void;
 }

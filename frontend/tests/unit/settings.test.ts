@@ -1,5 +1,13 @@
 import { describe, expect, it } from "vitest";
-import { defaultSettings, languageFor, loadSettings, saveSettings, SETTINGS_KEY } from "../../src/config/settings";
+import {
+  applySettingsUpdate,
+  defaultSettings,
+  followServerDevice,
+  languageFor,
+  loadSettings,
+  saveSettings,
+  SETTINGS_KEY,
+} from "../../src/config/settings";
 import type { KeyValueStore } from "../../src/api/client";
 
 function storeWith(value: string | null): KeyValueStore & { saved: string | null } {
@@ -44,5 +52,24 @@ describe("settings in localStorage", () => {
 
   it("picks the browser's language when it is one of the three", () => {
     expect([languageFor("zh-CN"), languageFor("ja-JP"), languageFor("fr-FR"), languageFor("en")]).toEqual(["zh", "ja", "en", "en"]);
+  });
+});
+
+describe("settings updates", () => {
+  it("apply a patch, and keep the same object when nothing changes", () => {
+    const current = defaultSettings("en-US");
+    expect(applySettingsUpdate(current, { batch: 960 })).toEqual({ ...current, batch: 960 });
+    expect(applySettingsUpdate(current, { batch: current.batch })).toBe(current);
+    expect(applySettingsUpdate(current, () => ({}))).toBe(current);
+  });
+
+  it("follow the server's device until the person picks one, reading the pick when applied", () => {
+    const untouched = { ...defaultSettings("en-US"), device: "albatross" as const, deviceChosen: false };
+    expect(applySettingsUpdate(untouched, followServerDevice(false)).device).toBe("cpu");
+    expect(applySettingsUpdate(untouched, followServerDevice(true)).device).toBe("albatross");
+    // The status arrived before the pick, the change is applied after it: the pick stands.
+    const follow = followServerDevice(false);
+    const picked = applySettingsUpdate(untouched, { device: "albatross", deviceChosen: true });
+    expect(applySettingsUpdate(picked, follow)).toBe(picked);
   });
 });
