@@ -64,10 +64,11 @@ export function ConfigsPage({
   useEffect(() => void refreshModels(), [refreshModels]);
 
   // Keep the stored choice only if the server still has it; otherwise offer its first model.
+  // Read when applied, as the device's preselection is: a model picked meanwhile stands.
   useEffect(() => {
-    if (models && models.length > 0 && !models.some((model) => model.path === settings.modelPath)) {
-      update({ modelPath: models[0]!.path });
-    }
+    const known = models ?? [];
+    if (known.length === 0) return;
+    update((current) => (known.some((model) => model.path === current.modelPath) ? {} : { modelPath: known[0]!.path }));
   }, [models, settings.modelPath, update]);
 
   // Until the person picks a device, preselect what this server can run (followServerDevice).
