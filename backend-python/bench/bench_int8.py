@@ -130,39 +130,54 @@ def _shape(name: str) -> CheckpointShape:
 # Model level
 
 
-def model_speed(shape_name: str, steps: int, fused_lora: bool = False) -> list[dict[str, object]]:
-    """fp16 against int8 weights on one shape: batch-1 decode from a CUDA graph, batch 960 eager
-    decode with sampling, prefill 64 x 512 and 1 x 4096 (bench_model.py's timings); with
-    `fused_lora`, 1-4 rows take the fused LoRA kernels (both weight formats: LoRAs stay 16-bit)."""
+MODEL_CASES = ("decode1", "decode960", "prefill64x512", "prefill1x4096")
+
+
+def model_speed(
+    shape_name: str, steps: int, fused_lora: tuple[bool, ...] = (False,), weights_list: tuple[str, ...] = ("fp16", "int8"),
+    cases: tuple[str, ...] = MODEL_CASES,
+) -> list[dict[str, object]]:
+    """fp16 against int8 weights on one shape: batch-1 decode from a CUDA graph (`decode1`, once per
+    `fused_lora` setting: 1-4 rows take the fused LoRA kernels or not; LoRAs stay 16-bit in both
+    weight formats), batch 960 eager decode with sampling, prefill 64 x 512 and 1 x 4096
+    (bench_model.py's timings). A device call that only compares batch-1 variants asks for
+    `cases=("decode1",)` and saves the other cases' minutes."""
     from albatross.cuda_graphs import DecodeGraphRunner
-    from bench_model import bench_decode, bench_prefill  # bench/ is this script's folder
+    from bench_model import Result, bench_decode, bench_prefill  # bench/ is this script's folder
 
     shape = NAMED_SHAPES[shape_name]
     rows: list[dict[str, object]] = []
-    loras.set_fused_allowed(fused_lora)
-    for weights in ("fp16", "int8"):
+    for weights in weights_list:
         start = time.perf_counter()
         model = RWKV7.from_state_dict(random_state_dict(shape, seed=0, device="cuda", dtype=torch.float16), "cuda", torch.float16, progress=False, weights=weights)
         print(f"built {shape_name} {weights} in {time.perf_counter() - start:.1f}s: {model.weight_bytes() / 1e9:.2f} GB of weights", flush=True)
         pool = StatePool(model, 961, torch.float16)
-        runner = DecodeGraphRunner(model, pool, scratch_slot=960, buckets=(1,))
-        found = [
-            bench_decode(model, pool, 1, 3 * steps, shape_name, runner),
-            bench_decode(model, pool, 960, steps, shape_name),
-            bench_prefill(model, pool, 64, 512, shape_name, 512),
-            bench_prefill(model, pool, 1, 4096, shape_name, 4096),
-        ]
-        for result in found:
-            rows.append({"weights": weights, "fused_lora": fused_lora, **asdict(result)})
+        found: list[tuple[bool, Result]] = []
+        for fused in fused_lora if "decode1" in cases else ():
+            loras.set_fused_allowed(fused)  # captured into this runner's graph
+            runner = DecodeGraphRunner(model, pool, scratch_slot=960, buckets=(1,))
+            found.append((fused, bench_decode(model, pool, 1, 3 * steps, shape_name, runner)))
+            del runner
+        loras.set_fused_allowed(loras.FUSED_BY_DEFAULT)
+        default = loras.FUSED_BY_DEFAULT
+        if "decode960" in cases:
+            found.append((default, bench_decode(model, pool, 960, steps, shape_name)))
+        for prompts, length in ((64, 512), (1, 4096)):
+            if f"prefill{prompts}x{length}" in cases:
+                found.append((default, bench_prefill(model, pool, prompts, length, shape_name, length if prompts == 1 else 512)))
+        for fused, result in found:
+            rows.append({"weights": weights, "fused_lora": fused, **asdict(result)})
             print(rows[-1], flush=True)
-        del runner, pool, model
+        del pool, model
         torch.cuda.empty_cache()
-    loras.set_fused_allowed(loras.FUSED_BY_DEFAULT)
     floors = {"decode+sample (graph)": 1.6, "decode+sample": 0.9, "prefill": 0.8}
     for row in rows:
         if row["weights"] != "int8":
             continue
-        fp16 = next(r for r in rows if r["weights"] == "fp16" and r["name"] == row["name"] and r["batch"] == row["batch"])
+        same = (r for r in rows if r["weights"] == "fp16" and r["name"] == row["name"] and r["batch"] == row["batch"] and r["fused_lora"] == row["fused_lora"])
+        fp16 = next(same, None)
+        if fp16 is None:
+            continue
         row["vs_fp16"] = float(row["tokens_per_s"]) / float(fp16["tokens_per_s"])  # type: ignore[arg-type]
         floor = floors.get(str(row["name"]))
         if floor is not None and (row["name"] != "prefill" or row["batch"] == 64):
@@ -186,7 +201,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--matrices", default=",".join(int8_kernels.DEFAULT_SHAPES), help=f"kernels: of {', '.join(int8_kernels.SHAPES)}")
     parser.add_argument("--cap", type=float, default=20.0, help="kernels: seconds each implementation may take in all")
     parser.add_argument("--only", default="", help="kernels: comma-separated words; only implementations named with one (and fp16)")
-    parser.add_argument("--fused-lora", choices=("on", "off"), default="off", help="model: 1-4 rows take the fused LoRA kernels")
+    parser.add_argument("--fused-lora", default="off", help="model: the batch-1 graph rows with the fused LoRA kernels (on), without (off), or both (on,off)")
+    parser.add_argument("--weights", default="fp16,int8", help="model: the weight formats timed")
+    parser.add_argument("--cases", default=",".join(MODEL_CASES), help=f"model: of {', '.join(MODEL_CASES)}")
     parser.add_argument("--json", type=Path, help="kernels: JSON Lines, appended row by row; the others: one JSON file at the end")
     args = parser.parse_args(argv)
     if args.what == "model" or args.device == "cuda":
@@ -207,15 +224,28 @@ def main(argv: list[str] | None = None) -> None:
         int8_kernels.kernels_main(tuple(args.matrices.split(",")), rows, args.reps, args.cap, only, args.json, args.device)
         return
     else:
-        figures = model_speed(args.shape, args.steps, args.fused_lora == "on")
-        print(f"\n{'weights':<8}{'what':<24}{'batch':>7}{'tok/s':>12}{'ms/step':>10}  vs fp16 (floor)")
+        fused = tuple(_on_off(v) for v in args.fused_lora.split(",") if v.strip())
+        weights = tuple(w.strip() for w in args.weights.split(",") if w.strip())
+        cases = tuple(c.strip() for c in args.cases.split(",") if c.strip())
+        unknown = [c for c in cases if c not in MODEL_CASES] + [w for w in weights if w not in ("fp16", "int8")]
+        if unknown or not fused or not weights or not cases:
+            raise SystemExit(f"model: unknown or empty --cases/--weights/--fused-lora: {unknown or 'empty'}")
+        figures = model_speed(args.shape, args.steps, fused, weights, cases)
+        print(f"\n{'weights':<8}{'what':<24}{'batch':>7}{'tok/s':>12}{'ms/step':>10}  {'fused LoRAs':<12}vs fp16 (floor)")
         for r in figures:  # type: ignore[union-attr]
             ratio = f"{r['vs_fp16']:.2f}x" + (f" ({r['floor']}x)" if "floor" in r else "") if "vs_fp16" in r else ""
-            print(f"{r['weights']:<8}{r['name']:<24}{r['batch']:>7}{r['tokens_per_s']:>12,.0f}{r['ms_per_step']:>10.2f}  {ratio}")
+            lora = "on" if r["fused_lora"] else "off"
+            print(f"{r['weights']:<8}{r['name']:<24}{r['batch']:>7}{r['tokens_per_s']:>12,.0f}{r['ms_per_step']:>10.2f}  {lora:<12}{ratio}")
     if args.json:
         payload = {"what": args.what, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__, "figures": figures}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(payload, indent=2, default=str))
+
+
+def _on_off(value: str) -> bool:
+    if value.strip() not in ("on", "off"):
+        raise SystemExit(f"--fused-lora takes on, off or both; got {value!r}")
+    return value.strip() == "on"
 
 
 if __name__ == "__main__":

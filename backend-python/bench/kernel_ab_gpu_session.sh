@@ -4,11 +4,12 @@
 # albatross/cuda/ (on the device's copy only; the loader JIT-builds what changed, for this GPU).
 # Each side runs the cuda tests of the few-row products and times them: bench_gemv.py (fp16
 # split-K GEMV against cuBLAS), bench_int8.py kernels (the int8 GEMV rows, 1-2 rows) and the 7.2B
-# batch-1 decode with a CUDA graph, fp16 and int8 (bench_model.py, bench_int8.py model).
+# batch-1 decode with a CUDA graph, fp16 and int8 (bench_model.py, bench_int8.py model --cases
+# decode1 --weights int8: the prefill and batch-960 cases these kernels do not run are left out).
 #   VARIANT=gpu_scratch/variant bash backend-python/bench/kernel_ab_gpu_session.sh   (repository root; .whl/ carried)
 # $VARIANT is relative to the repository root and must travel (an untracked, not ignored folder).
-# Knobs: TESTS=0, MODEL=0, SHAPE (7.2b), MODEL_ARGS (more bench_model.py flags, e.g. --gemv on,off
-# --fused-lora on,off), INT8_ARGS (more bench_int8.py model flags, e.g. --fused-lora on). Output: $OUT/log.txt, and per side base-*/variant-* JSON.
+# Knobs: TESTS=0 or TESTS=variant, MODEL=0, SHAPE (7.2b), MODEL_ARGS (more bench_model.py flags, e.g. --gemv on,off
+# --fused-lora on,off), INT8_ARGS (more bench_int8.py model flags, e.g. --fused-lora on,off). Output: $OUT/log.txt, and per side base-*/variant-* JSON.
 set -uo pipefail
 . "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
 root=$(cd .. && pwd)
@@ -24,7 +25,7 @@ import logging; logging.basicConfig(level=logging.INFO, format='%(name)s %(level
 from albatross import cuda_ops
 print({name: result.how for name, result in cuda_ops.enable_cuda_kernels().items()})
 " 2>&1 | tee -a "$log"
-  if [ "${TESTS:-1}" = 1 ]; then
+  if [ "${TESTS:-1}" = 1 ] || [ "${TESTS:-1}" = "$1" ]; then  # TESTS=variant: only the changed side
     timeout 300 python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_gemv_cuda.py tests/test_int8_cuda.py \
         tests/test_cuda_kernels.py tests/test_lora_cuda.py 2>&1 | tail -4 | tee -a "$log"
   fi
@@ -32,8 +33,8 @@ print({name: result.how for name, result in cuda_ops.enable_cuda_kernels().items
   timeout 240 python3 bench/bench_int8.py kernels --rows 1,2 --only GEMV --json "$OUT/$1-int8.jsonl" 2>&1 | tee -a "$log" | tail -14
   if [ "${MODEL:-1}" = 1 ]; then
     timeout 300 python3 bench/bench_model.py --shape "${SHAPE:-7.2b}" --batches 1 --graph-batches 1 --fp16-graph-batches 1 \
-        --steps 10 --skip-accuracy ${MODEL_ARGS:-} --json "$OUT/$1-model.json" 2>&1 | tee -a "$log" | tail -8
-    timeout 300 python3 bench/bench_int8.py model --shape "${SHAPE:-7.2b}" ${INT8_ARGS:-} --json "$OUT/$1-int8-model.json" 2>&1 | tee -a "$log" | tail -8
+        --steps 10 --skip-accuracy --wkv-chunked= ${MODEL_ARGS:-} --json "$OUT/$1-model.json" 2>&1 | tee -a "$log" | tail -8
+    timeout 300 python3 bench/bench_int8.py model --shape "${SHAPE:-7.2b}" --cases decode1 --weights int8 ${INT8_ARGS:-} --json "$OUT/$1-int8-model.json" 2>&1 | tee -a "$log" | tail -8
   fi
 }
 
