@@ -105,7 +105,7 @@ def local_headers(units: Sequence[Path], source_dir: Path = CUDA_SOURCE_DIR) -> 
 def source_digest(name: str, source_dir: Path = CUDA_SOURCE_DIR) -> str:
     """sha256 over a library's translation units and the headers they include, in a fixed order.
 
-    Only included headers count, so a header one library adds (split_k.cuh) leaves the other
+    Only included headers count, so a header one library adds leaves the other
     libraries' committed binaries fresh."""
     units = kernel_sources(name, source_dir)
     digest = hashlib.sha256()

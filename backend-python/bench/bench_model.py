@@ -149,7 +149,7 @@ def profile_graph_decode(model: RWKV7, pool: StatePool, batch: int, replays: int
     total = sum(e.self_device_time_total for e in kernels)
     lines = [f"{total / 1e3 / replays:.3f} ms of kernels a step, {sum(e.count for e in kernels) // replays} kernels a step"]
     lines += [f"{e.self_device_time_total / 1e3 / replays:8.3f} ms {e.count // replays:5d}x {e.self_device_time_total / max(1, e.count):7.1f} us  {e.key[:100]}"
-              for e in kernels[:20]]  # fmt: skip
+              for e in kernels[:40]]  # fmt: skip
     return "\n".join(lines)
 
 
@@ -252,6 +252,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--gemv", default="on", help="graph decode with the GEMV kernel for 1-4 rows (on), cuBLAS (off), or both")
     parser.add_argument("--fused-lora", default="off", help="the fp16-state graph decode rows with the fused LoRA kernels for "
                         "1-4 rows (on; albatross/lora_triton.py), the eager LoRAs (off), or both (on,off)")
+    parser.add_argument("--weights", default="fp16", choices=("fp16", "int8"), help="the large matrices' format (int8: W8A16)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
@@ -261,8 +262,8 @@ def main(argv: list[str] | None = None) -> None:
     graph_batches = [int(b) for b in args.graph_batches.split(",") if b]
     shape = NAMED_SHAPES[args.shape]
     build = time.perf_counter()
-    model = RWKV7.from_state_dict(random_state_dict(shape, seed=0, device="cuda", dtype=torch.float16), "cuda", torch.float16, progress=False)
-    print(f"built {args.shape} (layers {shape.n_layer}, width {shape.n_embd}) in {time.perf_counter() - build:.1f}s", flush=True)
+    model = RWKV7.from_state_dict(random_state_dict(shape, seed=0, device="cuda", dtype=torch.float16), "cuda", torch.float16, progress=False, weights=args.weights)
+    print(f"built {args.shape} (layers {shape.n_layer}, width {shape.n_embd}, {args.weights} weights) in {time.perf_counter() - build:.1f}s", flush=True)
     results: list[Result] = []
     for state_dtype in (torch.float32, torch.float16):
         pool = StatePool(model, max(batches) + 1, state_dtype)

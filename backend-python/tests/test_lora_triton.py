@@ -42,4 +42,5 @@ def test_the_eager_path_serves_where_the_kernels_do_not_apply() -> None:
         assert not loras.fused_applies(mixes), "a CPU tensor takes the eager path"
     finally:
         loras.set_fused_allowed(loras.FUSED_BY_DEFAULT)
-    assert not loras.FUSED_BY_DEFAULT, "off until the H200 has timed it (docs/performance.md)"
+    assert not loras.fused_applies(mixes.float()), "fp32 takes the eager path"
+    assert not loras.fused_applies(torch.randn(6, 5, 64, dtype=torch.float16)), "so do more than 4 rows"
