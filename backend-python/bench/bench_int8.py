@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--matrices", default=",".join(int8_kernels.DEFAULT_SHAPES), help=f"kernels: of {', '.join(int8_kernels.SHAPES)}")
     parser.add_argument("--cap", type=float, default=20.0, help="kernels: seconds each implementation may take in all")
     parser.add_argument("--only", default="", help="kernels: comma-separated words; only implementations named with one (and fp16)")
-    parser.add_argument("--fused-lora", default="off", help="model: the batch-1 graph rows with the fused LoRA kernels (on), without (off), or both (on,off)")
+    parser.add_argument("--fused-lora", default="on" if loras.FUSED_BY_DEFAULT else "off", help="model: the batch-1 graph rows with the fused LoRA kernels (on), without (off), or both (on,off)")
     parser.add_argument("--weights", default="fp16,int8", help="model: the weight formats timed")
     parser.add_argument("--cases", default=",".join(MODEL_CASES), help=f"model: of {', '.join(MODEL_CASES)}")
     parser.add_argument("--json", type=Path, help="kernels: JSON Lines, appended row by row; the others: one JSON file at the end")

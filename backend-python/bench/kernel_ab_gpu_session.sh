@@ -8,7 +8,7 @@
 # decode1 --weights int8: the prefill and batch-960 cases these kernels do not run are left out).
 #   VARIANT=gpu_scratch/variant bash backend-python/bench/kernel_ab_gpu_session.sh   (repository root; .whl/ carried)
 # $VARIANT is relative to the repository root and must travel (an untracked, not ignored folder).
-# Knobs: TESTS=0 or TESTS=variant, MODEL=0, SHAPE (7.2b), MODEL_ARGS (more bench_model.py flags, e.g. --gemv on,off
+# Knobs: TESTS=0 or TESTS=variant, TEST_FILES, MODEL=0, SHAPE (7.2b), MODEL_ARGS (more bench_model.py flags, e.g. --gemv on,off
 # --fused-lora on,off), INT8_ARGS (more bench_int8.py model flags, e.g. --fused-lora on,off). Output: $OUT/log.txt, and per side base-*/variant-* JSON.
 set -uo pipefail
 . "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
@@ -26,8 +26,8 @@ from albatross import cuda_ops
 print({name: result.how for name, result in cuda_ops.enable_cuda_kernels().items()})
 " 2>&1 | tee -a "$log"
   if [ "${TESTS:-1}" = 1 ] || [ "${TESTS:-1}" = "$1" ]; then  # TESTS=variant: only the changed side
-    timeout 300 python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_gemv_cuda.py tests/test_int8_cuda.py \
-        tests/test_cuda_kernels.py tests/test_lora_cuda.py 2>&1 | tail -4 | tee -a "$log"
+    timeout 300 python3 -m pytest -q -p no:cacheprovider -m cuda ${TEST_FILES:-tests/test_gemv_cuda.py tests/test_int8_cuda.py \
+        tests/test_cuda_kernels.py tests/test_lora_cuda.py tests/test_pdl_cuda.py} 2>&1 | tail -4 | tee -a "$log"
   fi
   timeout 240 python3 bench/bench_gemv.py --rows 1,2 --json "$OUT/$1-gemv.json" 2>&1 | tee -a "$log" | tail -14
   timeout 240 python3 bench/bench_int8.py kernels --rows 1,2 --only GEMV --json "$OUT/$1-int8.jsonl" 2>&1 | tee -a "$log" | tail -14

@@ -1,0 +1,599 @@
+// Fused elementwise kernels around the RWKV-7 matmuls. Each replaces a chain of small torch ops
+// (one read and one write of a [T, C] tensor per op) with a single pass; math is fp32, inputs and
+// outputs are in the activation dtype. The torch twins in albatross/ops.py define the results.
+//
+//   add_layer_norm   x += delta (optional, in place), h = layer_norm(x)         one block per row
+//                    (8 channels per access when C is a multiple of 8 and the rows are aligned)
+//   shift_mix        token shift + K lerp mixes, shift vectors updated in place   one thread per (row, 8 channels)
+//   wkv_prep         k/v/w/a/b of the WKV op from the matmul and LoRA outputs     8 lanes per (row, head)
+//   gn_bonus_gate    (group_norm(y) + bonus) * g                                  8 lanes per (row, head)
+//   relu_square      relu(x)^2                                                    one thread per 8 elements
+//
+// All but add_layer_norm move 8 channels per thread with 16-byte loads and stores (the kernels are
+// bandwidth-bound), so rows must be 16-byte aligned and C a multiple of 8 (checked on the host);
+// a head's 64 channels then sit in 8 adjacent lanes and its sums are warp shuffles, no barriers.
+//
+// Each kernel first lets the next kernel in the stream launch (pdl.cuh): at batch 1 that is often
+// a weight product, which then streams its weights while this kernel runs. A kernel launched the
+// ordinary way after one of these still waits for it to finish.
+
+#include "pdl.cuh"
+
+namespace albatross {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kRowRegs = 32;  // add_layer_norm keeps a row in registers: C <= kThreads * kRowRegs
+constexpr int kHead = 64;
+constexpr int kVec = 8;                                // channels per thread in the vectorised kernels
+constexpr int kHeadsPerBlock = kThreads * kVec / kHead;  // 32
+
+// 8 consecutive elements as floats through 16-byte accesses (p must be 16-byte aligned).
+template <typename T>
+__device__ __forceinline__ void load8(const T* p, float (&f)[kVec]) {
+  constexpr int kWords = kVec * sizeof(T) / 16;
+  uint4 raw[kWords];
+#pragma unroll
+  for (int w = 0; w < kWords; ++w) raw[w] = reinterpret_cast<const uint4*>(p)[w];
+  const T* v = reinterpret_cast<const T*>(raw);
+#pragma unroll
+  for (int q = 0; q < kVec; ++q) f[q] = to_float(v[q]);
+}
+
+template <typename T>
+__device__ __forceinline__ void store8(T* p, const float (&f)[kVec]) {
+  constexpr int kWords = kVec * sizeof(T) / 16;
+  uint4 raw[kWords];
+  T* v = reinterpret_cast<T*>(raw);
+#pragma unroll
+  for (int q = 0; q < kVec; ++q) v[q] = from_float<T>(f[q]);
+#pragma unroll
+  for (int w = 0; w < kWords; ++w) reinterpret_cast<uint4*>(p)[w] = raw[w];
+}
+
+// Sum over the 8 adjacent lanes that hold one head (every lane of the warp must call it).
+__device__ __forceinline__ float head_sum8(float v) {
+#pragma unroll
+  for (int o = 4; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// Sum over the whole block, in a fixed order (deterministic). Every thread must call it.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  v = warp_sum(v);
+  __syncthreads();  // scratch may still be read by the previous call
+  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < kThreads / 32; ++w) total += scratch[w];
+  return total;
+}
+
+__device__ __forceinline__ float sigmoidf(float x) { return 1.f / (1.f + __expf(-x)); }
+
+// ---------------------------------------------------------------------------------------------
+// add_layer_norm
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    add_layer_norm_kernel(T* __restrict__ x, const T* __restrict__ delta, const T* __restrict__ weight,
+                          const T* __restrict__ bias, T* __restrict__ h, const int C, const float eps) {
+  allow_dependents_to_launch();
+  __shared__ float scratch[kThreads / 32];
+  const int64_t base = (int64_t)blockIdx.x * C;
+  float vals[kRowRegs];
+  float sum = 0.f;
+#pragma unroll
+  for (int q = 0; q < kRowRegs; ++q) {
+    const int c = threadIdx.x + q * kThreads;
+    float val = 0.f;
+    if (c < C) {
+      if (delta != nullptr) {
+        // Round the new residual to the activation dtype first: the norm sees what is stored.
+        const T stored = from_float<T>(to_float(x[base + c]) + to_float(delta[base + c]));
+        x[base + c] = stored;
+        val = to_float(stored);
+      } else {
+        val = to_float(x[base + c]);
+      }
+    }
+    vals[q] = val;
+    sum += val;
+  }
+  const float mean = block_sum(sum, scratch) / C;
+  float sq = 0.f;
+#pragma unroll
+  for (int q = 0; q < kRowRegs; ++q) {
+    const int c = threadIdx.x + q * kThreads;
+    if (c < C) sq += (vals[q] - mean) * (vals[q] - mean);
+  }
+  const float rstd = rsqrtf(block_sum(sq, scratch) / C + eps);
+#pragma unroll
+  for (int q = 0; q < kRowRegs; ++q) {
+    const int c = threadIdx.x + q * kThreads;
+    if (c < C) h[base + c] = from_float<T>((vals[q] - mean) * rstd * to_float(weight[c]) + to_float(bias[c]));
+  }
+}
+
+// The same with 16-byte accesses, 8 channels at a time, when C is a multiple of 8 and every
+// pointer is aligned (the model's rows always are): a quarter of the memory instructions of the
+// per-channel loop. At batch 1 on the H200 that loop took 6.2 us a call, 65 calls a 7.2B step.
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    add_layer_norm_vec_kernel(T* __restrict__ x, const T* __restrict__ delta, const T* __restrict__ weight,
+                              const T* __restrict__ bias, T* __restrict__ h, const int C, const float eps) {
+  allow_dependents_to_launch();
+  constexpr int kGroups = kRowRegs / kVec;
+  __shared__ float scratch[kThreads / 32];
+  const int64_t base = (int64_t)blockIdx.x * C;
+  float vals[kGroups][kVec];
+  float sum = 0.f;
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    const int c = (threadIdx.x + g * kThreads) * kVec;
+    if (c < C) {
+      load8(x + base + c, vals[g]);
+      if (delta != nullptr) {
+        float d[kVec];
+        load8(delta + base + c, d);
+        // Round the new residual to the activation dtype first: the norm sees what is stored.
+#pragma unroll
+        for (int q = 0; q < kVec; ++q) vals[g][q] = to_float(from_float<T>(vals[g][q] + d[q]));
+        store8(x + base + c, vals[g]);
+      }
+    } else {
+#pragma unroll
+      for (int q = 0; q < kVec; ++q) vals[g][q] = 0.f;
+    }
+#pragma unroll
+    for (int q = 0; q < kVec; ++q) sum += vals[g][q];
+  }
+  const float mean = block_sum(sum, scratch) / C;
+  float sq = 0.f;
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    if ((threadIdx.x + g * kThreads) * kVec < C) {
+#pragma unroll
+      for (int q = 0; q < kVec; ++q) sq += (vals[g][q] - mean) * (vals[g][q] - mean);
+    }
+  }
+  const float rstd = rsqrtf(block_sum(sq, scratch) / C + eps);
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    const int c = (threadIdx.x + g * kThreads) * kVec;
+    if (c < C) {
+      float w[kVec], b[kVec], out[kVec];
+      load8(weight + c, w);
+      load8(bias + c, b);
+#pragma unroll
+      for (int q = 0; q < kVec; ++q) out[q] = (vals[g][q] - mean) * rstd * w[q] + b[q];
+      store8(h + base + c, out);
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// shift_mix
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    shift_mix_kernel(const T* __restrict__ x, T* __restrict__ shift, const int64_t shift_stride,
+                     const int* __restrict__ slot_idx, const int* __restrict__ cu_seqlens, const int S,
+                     const T* __restrict__ coef, const int K, T* __restrict__ out, const int64_t rows, const int C) {
+  allow_dependents_to_launch();
+  const int64_t t = blockIdx.x;
+  const int c = (blockIdx.y * kThreads + threadIdx.x) * kVec;
+  if (c >= C) return;
+  // The slot owning row t: the last s with cu_seqlens[s] <= t.
+  int lo = 0, hi = S - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (cu_seqlens[mid] <= t) lo = mid; else hi = mid - 1;
+  }
+  const int64_t first = cu_seqlens[lo], last = cu_seqlens[lo + 1] - 1;
+  auto emit = [&](int64_t row, const float (&prev)[kVec]) {
+    float xv[kVec], m[kVec], o[kVec];
+    load8(x + row * C + c, xv);
+    for (int q = 0; q < K; ++q) {
+      load8(coef + (int64_t)q * C + c, m);
+#pragma unroll
+      for (int j = 0; j < kVec; ++j) o[j] = xv[j] + (prev[j] - xv[j]) * m[j];
+      store8(out + ((int64_t)q * rows + row) * C + c, o);
+    }
+  };
+  float prev[kVec];
+  if (t == first) {
+    // This thread also does the slot's last row, so the saved shift vector is read before it is
+    // overwritten without any cross-thread ordering.
+    T* saved = shift + (int64_t)slot_idx[lo] * shift_stride + c;
+    load8(saved, prev);
+    emit(t, prev);
+    if (last > first) {
+      load8(x + (last - 1) * C + c, prev);
+      emit(last, prev);
+    }
+    float newest[kVec];
+    load8(x + last * C + c, newest);
+    store8(saved, newest);  // exact: a value of T converts to float and back unchanged
+  } else if (t != last) {
+    load8(x + (t - 1) * C + c, prev);
+    emit(t, prev);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// wkv_prep
+
+template <typename T>
+struct PrepArgs {
+  T* k;             // [T, C] in place: k * (1 + (a - 1) * k_a)
+  T* v;             // [T, C] in place: v + (v_first - v) * sigmoid(v0 + v_lora) (unless layer 0)
+  const T* w_lora;  // [T, C]
+  const T* a_lora;  // [T, C]
+  const T* v_lora;  // [T, C] or null (layer 0)
+  const T* v_first; // [T, C] or null (layer 0)
+  const T* w0;
+  const T* a0;
+  const T* v0;      // or null
+  const T* k_k;
+  const T* k_a;
+  T* w_out;  // log decay: -softplus(-(w0 + w_lora)) - 0.5
+  T* a_out;  // -kk
+  T* b_out;  // kk * a
+  int H;
+};
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) wkv_prep_kernel(const PrepArgs<T> p) {
+  allow_dependents_to_launch();
+  const int C = p.H * kHead;
+  const int c = (blockIdx.y * kThreads + threadIdx.x) * kVec;
+  const bool live = c < C;  // C is a multiple of 64: a head's 8 lanes are all live or all not
+  const int64_t o = (int64_t)blockIdx.x * C + c;
+  float k[kVec], kk[kVec], tmp[kVec];
+  float ss = 0.f;
+  if (live) {
+    load8(p.k + o, k);
+    load8(p.k_k + c, tmp);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      kk[j] = k[j] * tmp[j];
+      ss += kk[j] * kk[j];
+    }
+  }
+  const float norm = sqrtf(head_sum8(ss));
+  if (!live) return;  // after the warp's only shuffles
+  const float inv = 1.f / fmaxf(norm, 1e-12f);
+  float a[kVec], a0[kVec], out[kVec];
+  load8(p.a0 + c, a0);
+  load8(p.a_lora + o, tmp);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    a[j] = sigmoidf(a0[j] + tmp[j]);
+    kk[j] = kk[j] * inv;
+  }
+  load8(p.k_a + c, tmp);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) out[j] = k[j] * (1.f + (a[j] - 1.f) * tmp[j]);
+  store8(p.k + o, out);
+  if (p.v_lora != nullptr) {
+    float v[kVec], gate[kVec], first[kVec];
+    load8(p.v + o, v);
+    load8(p.v0 + c, gate);
+    load8(p.v_lora + o, tmp);
+    load8(p.v_first + o, first);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) out[j] = v[j] + (first[j] - v[j]) * sigmoidf(gate[j] + tmp[j]);
+    store8(p.v + o, out);
+  }
+  load8(p.w0 + c, a0);
+  load8(p.w_lora + o, tmp);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) {
+    const float z = -(a0[j] + tmp[j]);
+    const float softplus = z > 20.f ? z : log1pf(expf(z));  // torch's softplus threshold
+    out[j] = -softplus - 0.5f;
+  }
+  store8(p.w_out + o, out);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) out[j] = -kk[j];
+  store8(p.a_out + o, out);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) out[j] = kk[j] * a[j];
+  store8(p.b_out + o, out);
+}
+
+// ---------------------------------------------------------------------------------------------
+// gn_bonus_gate
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    gn_bonus_gate_kernel(const T* __restrict__ y, const T* __restrict__ r, const T* __restrict__ k,
+                         const T* __restrict__ v, const T* __restrict__ g, const T* __restrict__ r_k,
+                         const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out, const int H,
+                         const float eps) {
+  allow_dependents_to_launch();
+  const int C = H * kHead;
+  const int c = (blockIdx.y * kThreads + threadIdx.x) * kVec;
+  const bool live = c < C;
+  const int64_t o = (int64_t)blockIdx.x * C + c;
+  float yv[kVec], a[kVec], b[kVec];
+  float sum = 0.f, rk = 0.f;
+  if (live) {
+    load8(y + o, yv);
+    load8(r + o, a);
+    load8(k + o, b);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) sum += yv[j];
+    float w[kVec];
+    load8(r_k + c, w);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) rk += a[j] * b[j] * w[j];
+  } else {
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) yv[j] = 0.f;
+  }
+  const float mean = head_sum8(sum) * (1.f / kHead);
+  float sq = 0.f;
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) sq += (yv[j] - mean) * (yv[j] - mean);
+  const float rstd = rsqrtf(head_sum8(live ? sq : 0.f) * (1.f / kHead) + eps);
+  const float bonus = head_sum8(rk);
+  if (!live) return;
+  float vv[kVec], gv[kVec], res[kVec];
+  load8(v + o, vv);
+  load8(g + o, gv);
+  load8(weight + c, a);
+  load8(bias + c, b);
+#pragma unroll
+  for (int j = 0; j < kVec; ++j) res[j] = ((yv[j] - mean) * rstd * a[j] + b[j] + bonus * vv[j]) * gv[j];
+  store8(out + o, res);
+}
+
+// ---------------------------------------------------------------------------------------------
+// relu_square
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads) relu_square_kernel(const T* __restrict__ x, T* __restrict__ out, const int64_t n) {
+  allow_dependents_to_launch();
+  const int64_t chunks = n / kVec;
+  const int64_t stride = (int64_t)gridDim.x * kThreads;
+  const int64_t start = (int64_t)blockIdx.x * kThreads + threadIdx.x;
+  for (int64_t i = start; i < chunks; i += stride) {
+    float f[kVec];
+    load8(x + i * kVec, f);
+#pragma unroll
+    for (int j = 0; j < kVec; ++j) {
+      const float v = fmaxf(f[j], 0.f);
+      f[j] = v * v;
+    }
+    store8(out + i * kVec, f);
+  }
+  for (int64_t i = chunks * kVec + start; i < n; i += stride) {  // the tail when n % 8 != 0
+    const float v = fmaxf(to_float(x[i]), 0.f);
+    out[i] = from_float<T>(v * v);
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// host side
+
+void check_same(const Tensor& t, const Tensor& like, const char* name) {
+  check_cuda(t, name);
+  ALBATROSS_CHECK(t.scalar_type() == like.scalar_type(), name, " must have dtype ", like.scalar_type(), ", got ",
+                  t.scalar_type());
+  ALBATROSS_CHECK(t.device() == like.device(), name, " must be on ", device_name(like));
+  ALBATROSS_CHECK(t.is_contiguous(), name, " must be contiguous");
+}
+
+void check_vector(const Tensor& t, const Tensor& like, const char* name, int64_t C) {
+  check_same(t, like, name);
+  ALBATROSS_CHECK(t.numel() == C, name, " must have ", C, " elements, got ", t.numel());
+}
+
+void check_matrix(const Tensor& t, const Tensor& like, const char* name, int64_t rows, int64_t C) {
+  check_same(t, like, name);
+  ALBATROSS_CHECK(t.dim() == 2 && t.size(0) == rows && t.size(1) == C, name, " must be [", rows, ", ", C, "], got ",
+                  t.sizes());
+}
+
+// The leading activation of a per-head op: a contiguous [T, H * 64] matrix.
+void check_head_matrix(const Tensor& t, const char* name) {
+  check_cuda(t, name);
+  ALBATROSS_CHECK(t.dim() == 2 && t.is_contiguous() && t.size(1) % kHead == 0, name,
+                  " must be a contiguous [T, H * 64] matrix, got ", t.sizes());
+}
+
+void check_aligned(const Tensor& t, const char* name) {
+  ALBATROSS_CHECK(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, name,
+                  " must be 16-byte aligned (8-channel vector access)");
+}
+
+unsigned row_blocks(int64_t rows) {
+  ALBATROSS_CHECK(rows <= INT_MAX, "too many rows for one launch: ", rows);
+  return static_cast<unsigned>(rows);
+}
+
+template <typename T>
+T* pointer(const Tensor& t) { return static_cast<T*>(t.data_ptr()); }
+
+Tensor add_layer_norm_cuda(Tensor x, const OptionalTensor& delta, const Tensor& weight, const Tensor& bias,
+                           double eps) {
+  check_cuda(x, "x");
+  ALBATROSS_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [T, C] matrix, got ", x.sizes());
+  const int64_t rows = x.size(0), C = x.size(1);
+  ALBATROSS_CHECK(C <= kThreads * kRowRegs, "add_layer_norm supports C <= ", kThreads * kRowRegs, ", got ", C);
+  if (delta.has_value()) check_matrix(*delta, x, "delta", rows, C);
+  check_vector(weight, x, "weight", C);
+  check_vector(bias, x, "bias", C);
+  const DeviceGuard guard(x.get_device_index());
+  Tensor h = empty_like(x);
+  if (rows == 0) return h;
+  const cudaStream_t stream = current_stream(x);
+  auto aligned = [](const Tensor& t) { return reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0; };
+  const bool vectorised = C % kVec == 0 && aligned(x) && aligned(h) && aligned(weight) && aligned(bias) &&
+                          (!delta.has_value() || aligned(*delta));
+  ALBATROSS_DISPATCH_FLOAT(x.scalar_type(), T, "x", [&] {
+    const T* delta_ptr = delta.has_value() ? pointer<const T>(*delta) : nullptr;
+    if (vectorised) {
+      add_layer_norm_vec_kernel<T><<<row_blocks(rows), kThreads, 0, stream>>>(
+          pointer<T>(x), delta_ptr, pointer<const T>(weight), pointer<const T>(bias), pointer<T>(h), static_cast<int>(C),
+          static_cast<float>(eps));
+    } else {
+      add_layer_norm_kernel<T><<<row_blocks(rows), kThreads, 0, stream>>>(
+          pointer<T>(x), delta_ptr, pointer<const T>(weight), pointer<const T>(bias), pointer<T>(h), static_cast<int>(C),
+          static_cast<float>(eps));
+    }
+    check_launch();
+  });
+  return h;
+}
+
+Tensor shift_mix_cuda(const Tensor& x, Tensor shift, const Tensor& slot_idx, const Tensor& cu_seqlens,
+                      const Tensor& coefficients) {
+  check_cuda(x, "x");
+  ALBATROSS_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [T, C] matrix, got ", x.sizes());
+  const int64_t rows = x.size(0), C = x.size(1);
+  check_cuda(shift, "shift_state");
+  ALBATROSS_CHECK(shift.scalar_type() == x.scalar_type() && shift.dim() == 2 && shift.size(1) == C &&
+                      shift.stride(1) == 1,
+                  "shift_state must be [B, ", C, "] with unit channel stride and x's dtype, got ", shift.sizes());
+  check_same(coefficients, x, "coefficients");
+  const bool single = coefficients.dim() == 1;  // one [T, C] mix instead of [K, T, C]
+  ALBATROSS_CHECK((single && coefficients.size(0) == C) || (coefficients.dim() == 2 && coefficients.size(1) == C),
+                  "coefficients must be [K, ", C, "] or [", C, "], got ", coefficients.sizes());
+  const int64_t S = check_slots(slot_idx, cu_seqlens);
+  const int64_t K = single ? 1 : coefficients.size(0);
+  ALBATROSS_CHECK(C % kVec == 0 && shift.stride(0) % kVec == 0,
+                  "shift_mix needs C and the shift row stride to be multiples of 8");
+  check_aligned(x, "x");
+  check_aligned(shift, "shift_state");
+  check_aligned(coefficients, "coefficients");
+  const DeviceGuard guard(x.get_device_index());
+  Tensor out = single ? new_empty(x, {rows, C}) : new_empty(x, {K, rows, C});
+  if (rows == 0 || S == 0 || K == 0) return out;
+  const dim3 grid(row_blocks(rows), static_cast<unsigned>((C / kVec + kThreads - 1) / kThreads));
+  const cudaStream_t stream = current_stream(x);
+  ALBATROSS_DISPATCH_FLOAT(x.scalar_type(), T, "x", [&] {
+    shift_mix_kernel<T><<<grid, kThreads, 0, stream>>>(
+        pointer<const T>(x), pointer<T>(shift), shift.stride(0), slot_idx.const_data_ptr<int>(),
+        cu_seqlens.const_data_ptr<int>(), static_cast<int>(S), pointer<const T>(coefficients), static_cast<int>(K),
+        pointer<T>(out), rows, static_cast<int>(C));
+    check_launch();
+  });
+  return out;
+}
+
+std::tuple<Tensor, Tensor, Tensor> wkv_prep_cuda(Tensor k, Tensor v, const Tensor& w_lora, const Tensor& a_lora,
+                                                 const OptionalTensor& v_lora, const OptionalTensor& v_first,
+                                                 const Tensor& w0, const Tensor& a0, const OptionalTensor& v0,
+                                                 const Tensor& k_k, const Tensor& k_a) {
+  check_head_matrix(k, "k");
+  const int64_t rows = k.size(0), C = k.size(1), H = C / kHead;
+  check_matrix(v, k, "v", rows, C);
+  check_matrix(w_lora, k, "w_lora", rows, C);
+  check_matrix(a_lora, k, "a_lora", rows, C);
+  const bool residual = v_lora.has_value();
+  ALBATROSS_CHECK(residual == v_first.has_value() && residual == v0.has_value(),
+                  "v_lora, v_first and v0 must be given together (value residual) or all omitted (layer 0)");
+  if (residual) {
+    check_matrix(*v_lora, k, "v_lora", rows, C);
+    check_matrix(*v_first, k, "v_first", rows, C);
+    check_vector(*v0, k, "v0", C);
+  }
+  check_vector(w0, k, "w0", C);
+  check_vector(a0, k, "a0", C);
+  check_vector(k_k, k, "k_k", C);
+  check_vector(k_a, k, "k_a", C);
+  using Tensors = std::initializer_list<const Tensor*>;
+  for (const Tensor* t : Tensors{&k, &v, &w_lora, &a_lora, &w0, &a0, &k_k, &k_a}) check_aligned(*t, "wkv_prep inputs");
+  if (residual)
+    for (const Tensor* t : Tensors{&*v_lora, &*v_first, &*v0}) check_aligned(*t, "wkv_prep inputs");
+  const DeviceGuard guard(k.get_device_index());
+  Tensor w = empty_like(k), a = empty_like(k), b = empty_like(k);
+  if (rows == 0) return {w, a, b};
+  const unsigned head_blocks = static_cast<unsigned>((H + kHeadsPerBlock - 1) / kHeadsPerBlock);  // 32 heads a block
+  const dim3 grid(row_blocks(rows), head_blocks);
+  const cudaStream_t stream = current_stream(k);
+  ALBATROSS_DISPATCH_FLOAT(k.scalar_type(), T, "k", [&] {
+    PrepArgs<T> p;
+    p.k = pointer<T>(k);
+    p.v = pointer<T>(v);
+    p.w_lora = pointer<const T>(w_lora);
+    p.a_lora = pointer<const T>(a_lora);
+    p.v_lora = residual ? pointer<const T>(*v_lora) : nullptr;
+    p.v_first = residual ? pointer<const T>(*v_first) : nullptr;
+    p.w0 = pointer<const T>(w0);
+    p.a0 = pointer<const T>(a0);
+    p.v0 = residual ? pointer<const T>(*v0) : nullptr;
+    p.k_k = pointer<const T>(k_k);
+    p.k_a = pointer<const T>(k_a);
+    p.w_out = pointer<T>(w);
+    p.a_out = pointer<T>(a);
+    p.b_out = pointer<T>(b);
+    p.H = static_cast<int>(H);
+    wkv_prep_kernel<T><<<grid, kThreads, 0, stream>>>(p);
+    check_launch();
+  });
+  return {w, a, b};
+}
+
+Tensor gn_bonus_gate_cuda(const Tensor& y, const Tensor& r, const Tensor& k, const Tensor& v, const Tensor& g,
+                          const Tensor& r_k, const Tensor& weight, const Tensor& bias, double eps) {
+  check_head_matrix(y, "y");
+  const int64_t rows = y.size(0), C = y.size(1), H = C / kHead;
+  check_matrix(r, y, "r", rows, C);
+  check_matrix(k, y, "k", rows, C);
+  check_matrix(v, y, "v", rows, C);
+  check_matrix(g, y, "g", rows, C);
+  check_vector(r_k, y, "r_k", C);
+  check_vector(weight, y, "weight", C);
+  check_vector(bias, y, "bias", C);
+  using Tensors = std::initializer_list<const Tensor*>;
+  for (const Tensor* t : Tensors{&y, &r, &k, &v, &g, &r_k, &weight, &bias}) check_aligned(*t, "gn_bonus_gate inputs");
+  const DeviceGuard guard(y.get_device_index());
+  Tensor out = empty_like(y);
+  if (rows == 0) return out;
+  const unsigned head_blocks = static_cast<unsigned>((H + kHeadsPerBlock - 1) / kHeadsPerBlock);  // 32 heads a block
+  const dim3 grid(row_blocks(rows), head_blocks);
+  const cudaStream_t stream = current_stream(y);
+  ALBATROSS_DISPATCH_FLOAT(y.scalar_type(), T, "y", [&] {
+    gn_bonus_gate_kernel<T><<<grid, kThreads, 0, stream>>>(
+        pointer<const T>(y), pointer<const T>(r), pointer<const T>(k), pointer<const T>(v), pointer<const T>(g),
+        pointer<const T>(r_k), pointer<const T>(weight), pointer<const T>(bias), pointer<T>(out), static_cast<int>(H),
+        static_cast<float>(eps));
+    check_launch();
+  });
+  return out;
+}
+
+Tensor relu_square_cuda(const Tensor& x) {
+  check_cuda(x, "x");
+  ALBATROSS_CHECK(x.is_contiguous(), "x must be contiguous");
+  const DeviceGuard guard(x.get_device_index());
+  Tensor out = empty_like(x);
+  const int64_t n = x.numel();
+  if (n == 0) return out;
+  check_aligned(x, "x");
+  const int64_t blocks = std::min<int64_t>((n / kVec + kThreads - 1) / kThreads + 1, 65536);
+  const cudaStream_t stream = current_stream(x);
+  ALBATROSS_DISPATCH_FLOAT(x.scalar_type(), T, "x", [&] {
+    relu_square_kernel<T>
+        <<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(pointer<const T>(x), pointer<T>(out), n);
+    check_launch();
+  });
+  return out;
+}
+
+}  // namespace
+}  // namespace albatross
+
+// The schemas are declared in albatross/ops.py.
+STABLE_TORCH_LIBRARY_IMPL(albatross, CUDA, m) {
+  m.impl("add_layer_norm", TORCH_BOX(&albatross::add_layer_norm_cuda));
+  m.impl("shift_mix", TORCH_BOX(&albatross::shift_mix_cuda));
+  m.impl("wkv_prep", TORCH_BOX(&albatross::wkv_prep_cuda));
+  m.impl("gn_bonus_gate", TORCH_BOX(&albatross::gn_bonus_gate_cuda));
+  m.impl("relu_square", TORCH_BOX(&albatross::relu_square_cuda));
+}
