@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-accuracy", action="store_true")
     parser.add_argument("--wkv-chunked", default="on", help="prefill with the chunked WKV kernel where its policy says (on), "
                         "never (off), for every slot of the policy's min_tokens or more (always), or several in turn (on,off,always)")
-    parser.add_argument("--gemv", default="on", help="graph decode with the GEMV kernel for 1-4 rows (on), cuBLAS (off), or both")
+    parser.add_argument("--gemv", default="on" if linear.GEMV_BY_DEFAULT else "off", help="graph decode with the GEMV kernel for 1-4 rows (on), cuBLAS (off), or both")
     parser.add_argument("--fused-lora", default="on" if loras.FUSED_BY_DEFAULT else "off", help="the fp16-state graph decode rows with the fused LoRA kernels for "
                         "1-4 rows (on; albatross/lora_triton.py), the eager LoRAs (off), or both (on,off)")
     parser.add_argument("--weights", default="fp16", choices=("fp16", "int8"), help="the large matrices' format (int8: W8A16)")
@@ -298,11 +298,14 @@ def main(argv: list[str] | None = None) -> None:
             for batch in [int(b) for b in args.profile_graph_batches.split(",") if b]:
                 print(f"\n== profile: graph decode, batch {batch}, fp16 state, {args.shape}\n{profile_graph_decode(model, pool, batch)}", flush=True)
             fp16_graph_batches = [int(b) for b in args.fp16_graph_batches.split(",") if b and int(b) < pool.batch_size]
-            for fused in _switch(args.fused_lora) if fp16_graph_batches else ():  # what the engine runs: a captured step per bucket
-                loras.set_fused_allowed(fused)  # captured into the graphs below
-                note = tag + ", cuBLAS" + (", fused LoRAs" if fused else "")
+            settings = [(gemv, fused) for gemv in _switch(args.gemv) for fused in _switch(args.fused_lora)] if fp16_graph_batches else []
+            for gemv, fused in settings:  # what the engine runs: a captured step per bucket
+                linear.set_gemv_allowed(gemv)  # both captured into the graphs below
+                loras.set_fused_allowed(fused)
+                note = tag + (", GEMV for <= 4 rows" if linear.gemv_enabled() else ", cuBLAS") + (", fused LoRAs" if fused else "")
                 results += graph_decode_rows(model, pool, fp16_graph_batches, lambda batch: 3 * args.steps if batch == 1 else args.steps,
                                              args.shape, note)  # fmt: skip
+                linear.set_gemv_allowed(linear.GEMV_BY_DEFAULT)
                 loras.set_fused_allowed(loras.FUSED_BY_DEFAULT)
         if state_dtype == torch.float32:
             for batch in [int(b) for b in args.profile_batches.split(",") if b]:
