@@ -8,7 +8,8 @@
 # decode1 --weights int8: the prefill and batch-960 cases these kernels do not run are left out).
 #   VARIANT=gpu_scratch/variant bash backend-python/bench/kernel_ab_gpu_session.sh   (repository root; .whl/ carried)
 # $VARIANT is relative to the repository root and must travel (an untracked, not ignored folder).
-# Knobs: TESTS=0 or TESTS=variant, TEST_FILES, MODEL=0, SHAPE (7.2b), MODEL_ARGS (more bench_model.py flags, e.g. --gemv on,off
+# Knobs: TESTS=0 or TESTS=variant, TEST_FILES, VARIANT_ENVS (settings that time the variant again, untested),
+# MODEL=0, SHAPE (7.2b), MODEL_ARGS (more bench_model.py flags, e.g. --gemv on,off
 # --fused-lora on,off), INT8_ARGS (more bench_int8.py model flags, e.g. --fused-lora on,off). Output: $OUT/log.txt, and per side base-*/variant-* JSON.
 set -uo pipefail
 . "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
@@ -43,3 +44,6 @@ side base
 cp "$variant"/*.cu* albatross/cuda/ 2>/dev/null
 echo "== variant files: $(cd "$variant" && ls)" | tee -a "$log"
 side variant
+for setting in ${VARIANT_ENVS:-}; do  # e.g. "ALBATROSS_PDL=0": the variant's kernels again, timed under that setting
+  (export "$setting"; TESTS=0 side "variant-${setting//=/-}")
+done
