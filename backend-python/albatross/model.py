@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from albatross import linear, loras, ops, wkv_dispatch
+from albatross import linear, loras, norm_mix, ops, wkv_dispatch
 from albatross.checkpoint import ModelConfig, fingerprint, read_state_dict, resolve_checkpoint_path, validate_state_dict
 from albatross.dtypes import DTYPES, SUPPORTED_DTYPES, default_dtype_name, dtype_named
 from albatross.quant import DEFAULT_WEIGHT_FORMAT, LARGE_MATRICES, Int8Weight, check_weight_format, quantize
@@ -305,10 +305,10 @@ class RWKV7:
         pending: torch.Tensor | None = None
         for index, layer in enumerate(self.layers):
             att_shift, ffn_shift, wkv = pool.layer(index)
-            h = ops.add_layer_norm(x, pending, layer.ln1_weight, layer.ln1_bias)
-            out, v_first = self._time_mix(index, layer, h, v_first, att_shift, wkv, batch)
-            h = ops.add_layer_norm(x, out, layer.ln2_weight, layer.ln2_bias)
-            pending = self._channel_mix(layer, h, ffn_shift, batch)
+            mixes = norm_mix.norm_mix(x, pending, layer.ln1_weight, layer.ln1_bias, att_shift, batch, layer.att_mix)
+            out, v_first = self._time_mix(index, layer, mixes, v_first, wkv, batch)
+            xk = norm_mix.norm_mix(x, out, layer.ln2_weight, layer.ln2_bias, ffn_shift, batch, layer.ffn_mix)
+            pending = self._channel_mix(layer, xk)
         if not full_output and len(batch.lengths) != x.shape[0]:  # some slot has several rows
             x = x.index_select(0, batch.last_rows)
             pending = pending.index_select(0, batch.last_rows) if pending is not None else None
@@ -346,14 +346,13 @@ class RWKV7:
         self,
         index: int,
         layer: LayerWeights,
-        x: torch.Tensor,
+        mixes: torch.Tensor,
         v_first: torch.Tensor,
-        shift_state: torch.Tensor,
         wkv_state: torch.Tensor,
         batch: ops.FlatBatch,
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        # Few, large ops: at batch 1 the step is bound by the host's per-op cost.
-        mixes = ops.shift_mix(x, shift_state, batch.slot_idx, batch.cu_seqlens, layer.att_mix)
+        # Few, large ops: at batch 1 the step is bound by the host's per-op cost. `mixes` are the
+        # six token-shift mixes of the block's normed input (norm_mix).
         r, k, v = linear.bmm(mixes[:3], layer.rkv).unbind(0)
         # mixes is (r, k, v, w, a, g): the stacked LoRAs take (v, w, a), or (w, a) in block 0.
         lora, g = loras.block_loras(mixes, layer.lora_down, layer.lora_up, layer.g1, layer.g2)
@@ -369,10 +368,8 @@ class RWKV7:
         y = ops.gn_bonus_gate(y, r, k, v, g, layer.r_k, layer.ln_x_weight, layer.ln_x_bias)
         return linear.mm(y, layer.output), v_first
 
-    def _channel_mix(
-        self, layer: LayerWeights, x: torch.Tensor, shift_state: torch.Tensor, batch: ops.FlatBatch
-    ) -> torch.Tensor:
-        xk = ops.shift_mix(x, shift_state, batch.slot_idx, batch.cu_seqlens, layer.ffn_mix)
+    def _channel_mix(self, layer: LayerWeights, xk: torch.Tensor) -> torch.Tensor:
+        """The channel mix of `xk`, the token-shift mix of the block's second normed input."""
         return linear.mm(ops.relu_square(linear.mm(xk, layer.ffn_key)), layer.ffn_value)
 
 

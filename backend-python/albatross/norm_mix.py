@@ -1,0 +1,64 @@
+"""A block's residual layer norm followed by its token-shift mixes: `add_layer_norm` then
+`shift_mix` (albatross/ops.py), or, for decode steps of 1-4 rows of fp16/bf16 on a GPU with
+`set_fused_allowed(True)`, `norm_mix_triton.norm_mix`: the same arithmetic in one launch instead
+of two, for batch-1 decode where both kernels are launch-bound (128 launches a 7.2B step).
+
+Off by default until the H200 has timed it (`bench/bench_model.py --fused-norm-mix on,off`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import torch
+
+from albatross import ops
+
+FUSED_BY_DEFAULT = False
+MAX_ROWS = 4
+_fused_allowed = FUSED_BY_DEFAULT
+_TRITON = importlib.util.find_spec("triton") is not None  # CUDA builds of torch ship it
+_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def set_fused_allowed(allowed: bool) -> None:
+    """Let decode steps of 1-4 rows on a GPU take the one-launch Triton kernel (benchmarks and tests compare)."""
+    global _fused_allowed
+    _fused_allowed = allowed
+
+
+def fused_applies(x: torch.Tensor, batch: ops.FlatBatch) -> bool:
+    return _fused_allowed and _TRITON and x.is_cuda and x.dtype in _DTYPES and batch.single_token and x.shape[0] <= MAX_ROWS
+
+
+def norm_mix(
+    x: torch.Tensor,
+    delta: torch.Tensor | None,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    shift_state: torch.Tensor,
+    batch: ops.FlatBatch,
+    coefficients: torch.Tensor,
+) -> torch.Tensor:
+    """`x += delta` in place (when given), then the token-shift mixes of `layer_norm(x)`:
+    `[K, T, C]` for coefficients `[K, C]`, `[T, C]` for a vector; each slot's shift vector becomes
+    its last row's norm."""
+    if fused_applies(x, batch):
+        from albatross import norm_mix_triton
+
+        return norm_mix_triton.norm_mix(x, delta, weight, bias, shift_state, batch.slot_idx, coefficients, ops.LAYER_NORM_EPS)
+    return norm_mix_torch(x, delta, weight, bias, shift_state, batch, coefficients)
+
+
+def norm_mix_torch(
+    x: torch.Tensor,
+    delta: torch.Tensor | None,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    shift_state: torch.Tensor,
+    batch: ops.FlatBatch,
+    coefficients: torch.Tensor,
+) -> torch.Tensor:
+    """The two ops one after the other: the twin, and the path everywhere the kernel does not apply."""
+    h = ops.add_layer_norm(x, delta, weight, bias)
+    return ops.shift_mix(h, shift_state, batch.slot_idx, batch.cu_seqlens, coefficients)
