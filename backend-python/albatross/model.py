@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from albatross import linear, loras, norm_mix, ops, wkv_dispatch
+from albatross import linear, loras, norm_mix, ops, wkv_decode
 from albatross.checkpoint import ModelConfig, fingerprint, read_state_dict, resolve_checkpoint_path, validate_state_dict
 from albatross.dtypes import DTYPES, SUPPORTED_DTYPES, default_dtype_name, dtype_named
 from albatross.quant import DEFAULT_WEIGHT_FORMAT, LARGE_MATRICES, Int8Weight, check_weight_format, quantize
@@ -360,12 +360,14 @@ class RWKV7:
         w_lora, a_lora = lora[-2], lora[-1]
         if index == 0:  # block 0 defines v_first and has no value residual
             v_first = v
-            w, a, b = ops.wkv_prep(k, v, w_lora, a_lora, None, None, layer.w0, layer.a0, None, layer.k_k, layer.k_a)
+            v_lora, first = None, None
         else:
             assert layer.v0 is not None and stacked == 3
-            w, a, b = ops.wkv_prep(k, v, w_lora, a_lora, lora[0], v_first, layer.w0, layer.a0, layer.v0, layer.k_k, layer.k_a)
-        y = wkv_dispatch.wkv7(wkv_state, batch, r, w, k, v, a, b)  # sequential or chunked kernel, by the call's lengths
-        y = ops.gn_bonus_gate(y, r, k, v, g, layer.r_k, layer.ln_x_weight, layer.ln_x_bias)
+            v_lora, first = lora[0], v_first
+        y = wkv_decode.prep_wkv_gate(
+            wkv_state, batch, r, k, v, g, w_lora, a_lora, v_lora, first, layer.w0, layer.a0, layer.v0 if index else None,
+            layer.k_k, layer.k_a, layer.r_k, layer.ln_x_weight, layer.ln_x_bias,
+        )  # fmt: skip
         return linear.mm(y, layer.output), v_first
 
     def _channel_mix(self, layer: LayerWeights, xk: torch.Tensor) -> torch.Tensor:

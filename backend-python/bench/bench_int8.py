@@ -28,7 +28,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import int8_kernels  # bench/ is this script's folder
-from albatross import cuda_ops, int8_dispatch, loras, norm_mix
+from albatross import cuda_ops, int8_dispatch, loras, norm_mix, wkv_decode
 from albatross.model import RWKV7
 from albatross.quant import LARGE_MATRICES, QMAX, quantize
 from albatross.random_checkpoint import NAMED_SHAPES, CheckpointShape, random_state_dict
@@ -137,10 +137,11 @@ def model_speed(
     shape_name: str, steps: int, fused_lora: tuple[bool, ...] = (False,), weights_list: tuple[str, ...] = ("fp16", "int8"),
     cases: tuple[str, ...] = MODEL_CASES,
     fused_norm_mix: tuple[bool, ...] = (False,),
+    fused_wkv: tuple[bool, ...] = (False,),
 ) -> list[dict[str, object]]:
     """fp16 against int8 weights on one shape: batch-1 decode from a CUDA graph (`decode1`, once per
-    `fused_lora` and `fused_norm_mix` setting: 1-4 rows take the fused LoRA kernels or not, the
-    one-launch layer norm + token-shift mix or not; LoRAs stay 16-bit in both weight formats), batch 960 eager decode with sampling, prefill 64 x 512 and 1 x 4096
+    `fused_lora`, `fused_norm_mix` and `fused_wkv` setting: 1-4 rows take the fused LoRA kernels
+    or not, the one-launch layer norm + token-shift mix or not, the one-launch WKV step or not; LoRAs stay 16-bit in both weight formats), batch 960 eager decode with sampling, prefill 64 x 512 and 1 x 4096
     (bench_model.py's timings). A device call that only compares batch-1 variants asks for
     `cases=("decode1",)` and saves the other cases' minutes."""
     from albatross.cuda_graphs import DecodeGraphRunner
@@ -153,24 +154,26 @@ def model_speed(
         model = RWKV7.from_state_dict(random_state_dict(shape, seed=0, device="cuda", dtype=torch.float16), "cuda", torch.float16, progress=False, weights=weights)
         print(f"built {shape_name} {weights} in {time.perf_counter() - start:.1f}s: {model.weight_bytes() / 1e9:.2f} GB of weights", flush=True)
         pool = StatePool(model, 961, torch.float16)
-        found: list[tuple[bool, bool, Result]] = []
-        settings = [(fused, norm) for fused in fused_lora for norm in fused_norm_mix] if "decode1" in cases else []
-        for fused, norm in settings:
-            loras.set_fused_allowed(fused)  # both captured into this runner's graph
+        found: list[tuple[bool, bool, bool, Result]] = []
+        settings = [(f, n, w) for f in fused_lora for n in fused_norm_mix for w in fused_wkv] if "decode1" in cases else []
+        for fused, norm, wkv in settings:
+            loras.set_fused_allowed(fused)  # all three captured into this runner's graph
             norm_mix.set_fused_allowed(norm)
+            wkv_decode.set_fused_allowed(wkv)
             runner = DecodeGraphRunner(model, pool, scratch_slot=960, buckets=(1,))
-            found.append((fused, norm, bench_decode(model, pool, 1, 3 * steps, shape_name, runner)))
+            found.append((fused, norm, wkv, bench_decode(model, pool, 1, 3 * steps, shape_name, runner)))
             del runner
         loras.set_fused_allowed(loras.FUSED_BY_DEFAULT)
         norm_mix.set_fused_allowed(norm_mix.FUSED_BY_DEFAULT)
-        default = (loras.FUSED_BY_DEFAULT, norm_mix.FUSED_BY_DEFAULT)
+        wkv_decode.set_fused_allowed(wkv_decode.FUSED_BY_DEFAULT)
+        default = (loras.FUSED_BY_DEFAULT, norm_mix.FUSED_BY_DEFAULT, wkv_decode.FUSED_BY_DEFAULT)
         if "decode960" in cases:
             found.append((*default, bench_decode(model, pool, 960, steps, shape_name)))
         for prompts, length in ((64, 512), (1, 4096)):
             if f"prefill{prompts}x{length}" in cases:
                 found.append((*default, bench_prefill(model, pool, prompts, length, shape_name, length if prompts == 1 else 512)))
-        for fused, norm, result in found:
-            rows.append({"weights": weights, "fused_lora": fused, "fused_norm_mix": norm, **asdict(result)})
+        for fused, norm, wkv, result in found:
+            rows.append({"weights": weights, "fused_lora": fused, "fused_norm_mix": norm, "fused_wkv": wkv, **asdict(result)})
             print(rows[-1], flush=True)
         del pool, model
         torch.cuda.empty_cache()
@@ -178,7 +181,7 @@ def model_speed(
     for row in rows:
         if row["weights"] != "int8":
             continue
-        same = (r for r in rows if r["weights"] == "fp16" and r["name"] == row["name"] and r["batch"] == row["batch"] and r["fused_lora"] == row["fused_lora"] and r["fused_norm_mix"] == row["fused_norm_mix"])
+        same = (r for r in rows if r["weights"] == "fp16" and r["name"] == row["name"] and r["batch"] == row["batch"] and r["fused_lora"] == row["fused_lora"] and r["fused_norm_mix"] == row["fused_norm_mix"] and r["fused_wkv"] == row["fused_wkv"])
         fp16 = next(same, None)
         if fp16 is None:
             continue
@@ -208,6 +211,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fused-lora", default="on" if loras.FUSED_BY_DEFAULT else "off", help="model: the batch-1 graph rows with the fused LoRA kernels (on), without (off), or both (on,off)")
     parser.add_argument("--fused-norm-mix", default="on" if norm_mix.FUSED_BY_DEFAULT else "off",
                         help="model: the batch-1 graph rows with the one-launch layer norm + token-shift mix (on), the two ops (off), or both")
+    parser.add_argument("--fused-wkv", default="on" if wkv_decode.FUSED_BY_DEFAULT else "off",
+                        help="model: the batch-1 graph rows with the one-launch WKV step (on), the three ops (off), or both")
     parser.add_argument("--weights", default="fp16,int8", help="model: the weight formats timed")
     parser.add_argument("--cases", default=",".join(MODEL_CASES), help=f"model: of {', '.join(MODEL_CASES)}")
     parser.add_argument("--json", type=Path, help="kernels: JSON Lines, appended row by row; the others: one JSON file at the end")
@@ -237,13 +242,15 @@ def main(argv: list[str] | None = None) -> None:
         if unknown or not fused or not weights or not cases:
             raise SystemExit(f"model: unknown or empty --cases/--weights/--fused-lora: {unknown or 'empty'}")
         norms = tuple(_on_off(v) for v in args.fused_norm_mix.split(",") if v.strip())
-        figures = model_speed(args.shape, args.steps, fused, weights, cases, norms or (norm_mix.FUSED_BY_DEFAULT,))
-        print(f"\n{'weights':<8}{'what':<24}{'batch':>7}{'tok/s':>12}{'ms/step':>10}  {'fused LoRAs':<12}{'norm+mix':<10}vs fp16 (floor)")
+        wkvs = tuple(_on_off(v) for v in args.fused_wkv.split(",") if v.strip())
+        figures = model_speed(args.shape, args.steps, fused, weights, cases, norms or (norm_mix.FUSED_BY_DEFAULT,), wkvs or (wkv_decode.FUSED_BY_DEFAULT,))
+        print(f"\n{'weights':<8}{'what':<24}{'batch':>7}{'tok/s':>12}{'ms/step':>10}  {'fused LoRAs':<12}{'norm+mix':<10}{'WKV step':<10}vs fp16 (floor)")
         for r in figures:  # type: ignore[union-attr]
             ratio = f"{r['vs_fp16']:.2f}x" + (f" ({r['floor']}x)" if "floor" in r else "") if "vs_fp16" in r else ""
             lora = "on" if r["fused_lora"] else "off"
             norm = "one" if r["fused_norm_mix"] else "two"
-            print(f"{r['weights']:<8}{r['name']:<24}{r['batch']:>7}{r['tokens_per_s']:>12,.0f}{r['ms_per_step']:>10.2f}  {lora:<12}{norm:<10}{ratio}")
+            wkv = "one" if r["fused_wkv"] else "three"
+            print(f"{r['weights']:<8}{r['name']:<24}{r['batch']:>7}{r['tokens_per_s']:>12,.0f}{r['ms_per_step']:>10.2f}  {lora:<12}{norm:<10}{wkv:<10}{ratio}")
     if args.json:
         payload = {"what": args.what, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__, "figures": figures}
         args.json.parent.mkdir(parents=True, exist_ok=True)
@@ -252,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
 
 def _on_off(value: str) -> bool:
     if value.strip() not in ("on", "off"):
-        raise SystemExit(f"--fused-lora and --fused-norm-mix take on, off or both; got {value!r}")
+        raise SystemExit(f"--fused-lora, --fused-norm-mix and --fused-wkv take on, off or both; got {value!r}")
     return value.strip() == "on"
 
 

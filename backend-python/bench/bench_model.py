@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from albatross import cuda_ops, linear, loras, norm_mix, ops, sampler, wkv_dispatch
+from albatross import cuda_ops, linear, loras, norm_mix, ops, sampler, wkv_decode, wkv_dispatch
 from albatross.cuda_graphs import DecodeGraphRunner
 from albatross.model import RWKV7
 from albatross.random_checkpoint import NAMED_SHAPES, random_state_dict
@@ -255,6 +255,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fused-norm-mix", default="on" if norm_mix.FUSED_BY_DEFAULT else "off",
                         help="the fp16-state graph decode rows with the one-launch layer norm + token-shift mix for 1-4 rows "
                         "(on; albatross/norm_mix_triton.py), the two ops (off), or both (on,off)")
+    parser.add_argument("--fused-wkv", default="on" if wkv_decode.FUSED_BY_DEFAULT else "off",
+                        help="the fp16-state graph decode rows with the one-launch WKV step (prep, WKV, group norm) for 1-4 rows "
+                        "(on; albatross/wkv_decode_triton.py), the three ops (off), or both (on,off)")
     parser.add_argument("--weights", default="fp16", choices=("fp16", "int8"), help="the large matrices' format (int8: W8A16)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
@@ -301,19 +304,21 @@ def main(argv: list[str] | None = None) -> None:
             for batch in [int(b) for b in args.profile_graph_batches.split(",") if b]:
                 print(f"\n== profile: graph decode, batch {batch}, fp16 state, {args.shape}\n{profile_graph_decode(model, pool, batch)}", flush=True)
             fp16_graph_batches = [int(b) for b in args.fp16_graph_batches.split(",") if b and int(b) < pool.batch_size]
-            settings = [(gemv, fused, norm) for gemv in _switch(args.gemv) for fused in _switch(args.fused_lora)
-                        for norm in _switch(args.fused_norm_mix)] if fp16_graph_batches else []  # fmt: skip
-            for gemv, fused, norm in settings:  # what the engine runs: a captured step per bucket
-                linear.set_gemv_allowed(gemv)  # all three captured into the graphs below
+            settings = [(gemv, fused, norm, wkv) for gemv in _switch(args.gemv) for fused in _switch(args.fused_lora)
+                        for norm in _switch(args.fused_norm_mix) for wkv in _switch(args.fused_wkv)] if fp16_graph_batches else []  # fmt: skip
+            for gemv, fused, norm, wkv in settings:  # what the engine runs: a captured step per bucket
+                linear.set_gemv_allowed(gemv)  # all four captured into the graphs below
                 loras.set_fused_allowed(fused)
                 norm_mix.set_fused_allowed(norm)
+                wkv_decode.set_fused_allowed(wkv)
                 note = tag + (", GEMV for <= 4 rows" if linear.gemv_enabled() else ", cuBLAS") + (", fused LoRAs" if fused else "")
-                note += ", one-launch norm + mix" if norm else ""
+                note += (", one-launch norm + mix" if norm else "") + (", one-launch WKV step" if wkv else "")
                 results += graph_decode_rows(model, pool, fp16_graph_batches, lambda batch: 3 * args.steps if batch == 1 else args.steps,
                                              args.shape, note)  # fmt: skip
                 linear.set_gemv_allowed(linear.GEMV_BY_DEFAULT)
                 loras.set_fused_allowed(loras.FUSED_BY_DEFAULT)
                 norm_mix.set_fused_allowed(norm_mix.FUSED_BY_DEFAULT)
+                wkv_decode.set_fused_allowed(wkv_decode.FUSED_BY_DEFAULT)
         if state_dtype == torch.float32:
             for batch in [int(b) for b in args.profile_batches.split(",") if b]:
                 print(f"\n== profile: eager decode + sampling, batch {batch}, {args.shape}\n{profile_decode(model, pool, batch)}", flush=True)
