@@ -24,6 +24,10 @@ import torch
 import triton
 import triton.language as tl
 
+# A program's 64 x 64 state over 8 warps: 16 floats a thread. With 4 warps sm90's build of the fp16
+# state with the value residual spilled (tests/test_decode_triton_sm90_compile.py).
+NUM_WARPS = 8
+
 
 @triton.jit
 def _sigmoid(x):
@@ -128,6 +132,6 @@ def prep_wkv_gate(
             state, slot_idx, out,
             r.stride(0), k.stride(0), v.stride(0), g.stride(0), w_lora.stride(0), a_lora.stride(0),
             v_lora.stride(0) if has_value_lora else 0, v_first.stride(0) if has_value_lora else 0, out.stride(0), state.stride(0),
-            eps, HAS_VALUE_LORA=has_value_lora, N=N, num_warps=4,
+            eps, HAS_VALUE_LORA=has_value_lora, N=N, num_warps=NUM_WARPS,
         )  # fmt: skip
     return out
