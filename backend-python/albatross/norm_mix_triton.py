@@ -23,13 +23,17 @@ import torch
 import triton
 import triton.language as tl
 
+from albatross.triton_pdl import launch_dependents
+
 
 @triton.jit
 def _norm_mix_kernel(
     x_ptr, delta_ptr, weight_ptr, bias_ptr, shift_ptr, slot_ptr, coef_ptr, out_ptr,
     C, eps, stride_x, stride_delta, stride_shift, stride_out_k, stride_out_row,
-    HAS_DELTA: tl.constexpr, K: tl.constexpr, BLOCK_C: tl.constexpr,
+    HAS_DELTA: tl.constexpr, K: tl.constexpr, BLOCK_C: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr,
 ):
+    if LAUNCH_DEPENDENTS:  # the next kernel (a GEMV launched to overlap it, albatross/cuda/pdl.cuh) may start now
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0)
     offs = tl.arange(0, BLOCK_C)
     live = offs < C
@@ -81,6 +85,6 @@ def norm_mix(
         _norm_mix_kernel[(rows,)](
             x, delta if delta is not None else x, weight, bias, shift_state, slot_idx, coef, out,
             C, eps, x.stride(0), delta.stride(0) if delta is not None else 0, shift_state.stride(0), out.stride(0), out.stride(1),
-            HAS_DELTA=delta is not None, K=K, BLOCK_C=block, num_warps=max(1, min(16, block // 256)),
+            HAS_DELTA=delta is not None, K=K, BLOCK_C=block, LAUNCH_DEPENDENTS=launch_dependents(x.device), num_warps=max(1, min(16, block // 256)),
         )  # fmt: skip
     return out if coefficients.dim() > 1 else out[0]

@@ -24,6 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
+from albatross.triton_pdl import launch_dependents
+
 # A program's 64 x 64 state over 8 warps: 16 floats a thread. With 4 warps sm90's build of the fp16
 # state with the value residual spilled (tests/test_decode_triton_sm90_compile.py).
 NUM_WARPS = 8
@@ -41,8 +43,10 @@ def _prep_wkv_gate_kernel(
     state_ptr, slot_ptr, out_ptr,
     stride_r, stride_k, stride_v, stride_g, stride_wl, stride_al, stride_vl, stride_vf, stride_out, stride_state,
     eps,
-    HAS_VALUE_LORA: tl.constexpr, N: tl.constexpr,
+    HAS_VALUE_LORA: tl.constexpr, N: tl.constexpr, LAUNCH_DEPENDENTS: tl.constexpr,
 ):
+    if LAUNCH_DEPENDENTS:  # the next kernel (a GEMV launched to overlap it, albatross/cuda/pdl.cuh) may start now
+        tl.extra.cuda.gdc_launch_dependents()
     row = tl.program_id(0).to(tl.int64)
     head = tl.program_id(1)
     act = k_ptr.dtype.element_ty
@@ -132,6 +136,6 @@ def prep_wkv_gate(
             state, slot_idx, out,
             r.stride(0), k.stride(0), v.stride(0), g.stride(0), w_lora.stride(0), a_lora.stride(0),
             v_lora.stride(0) if has_value_lora else 0, v_first.stride(0) if has_value_lora else 0, out.stride(0), state.stride(0),
-            eps, HAS_VALUE_LORA=has_value_lora, N=N, num_warps=NUM_WARPS,
+            eps, HAS_VALUE_LORA=has_value_lora, N=N, LAUNCH_DEPENDENTS=launch_dependents(k.device), num_warps=NUM_WARPS,
         )  # fmt: skip
     return out

@@ -18,9 +18,9 @@ def test_the_norm_mix_kernel_compiles_without_spills(dtype: str, has_delta: bool
     signature = {
         **pointers, "slot_ptr": "*i32", "coef_ptr": f"*{dtype}", "out_ptr": f"*{dtype}", "C": "i32", "eps": "fp32",
         **dict.fromkeys(("stride_x", "stride_delta", "stride_shift", "stride_out_k", "stride_out_row"), "i32"),
-        **dict.fromkeys(("HAS_DELTA", "K", "BLOCK_C"), "constexpr"),
+        **dict.fromkeys(("HAS_DELTA", "K", "BLOCK_C", "LAUNCH_DEPENDENTS"), "constexpr"),
     }  # fmt: skip
-    build = compile_sm90(norm_mix_triton._norm_mix_kernel, signature, {"HAS_DELTA": has_delta, "K": mixes, "BLOCK_C": 4096}, num_warps=16, num_stages=3)
+    build = compile_sm90(norm_mix_triton._norm_mix_kernel, signature, {"HAS_DELTA": has_delta, "K": mixes, "BLOCK_C": 4096, "LAUNCH_DEPENDENTS": True}, num_warps=16, num_stages=3)
     assert build.spill_bytes == 0 and 0 < build.registers <= 128, build
 
 
@@ -32,7 +32,7 @@ def test_the_wkv_step_kernel_compiles_without_spills(dtype: str, state: str, val
     strides = ("stride_r", "stride_k", "stride_v", "stride_g", "stride_wl", "stride_al", "stride_vl", "stride_vf", "stride_out", "stride_state")
     signature = {
         **dict.fromkeys(names, f"*{dtype}"), "state_ptr": f"*{state}", "slot_ptr": "*i32", "out_ptr": f"*{dtype}",
-        **dict.fromkeys(strides, "i32"), "eps": "fp32", "HAS_VALUE_LORA": "constexpr", "N": "constexpr",
+        **dict.fromkeys(strides, "i32"), "eps": "fp32", "HAS_VALUE_LORA": "constexpr", "N": "constexpr", "LAUNCH_DEPENDENTS": "constexpr",
     }  # fmt: skip
-    build = compile_sm90(wkv_decode_triton._prep_wkv_gate_kernel, signature, {"HAS_VALUE_LORA": value_lora, "N": 64}, num_warps=wkv_decode_triton.NUM_WARPS, num_stages=3)
+    build = compile_sm90(wkv_decode_triton._prep_wkv_gate_kernel, signature, {"HAS_VALUE_LORA": value_lora, "N": 64, "LAUNCH_DEPENDENTS": True}, num_warps=wkv_decode_triton.NUM_WARPS, num_stages=3)
     assert build.spill_bytes == 0 and 0 < build.registers <= 255, build
