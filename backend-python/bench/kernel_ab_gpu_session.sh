@@ -8,7 +8,7 @@
 # decode1 --weights int8: the prefill and batch-960 cases these kernels do not run are left out).
 #   VARIANT=gpu_scratch/variant bash backend-python/bench/kernel_ab_gpu_session.sh   (repository root; .whl/ carried)
 # $VARIANT is relative to the repository root and must travel (an untracked, not ignored folder).
-# Knobs: TESTS=0 or TESTS=variant, TEST_FILES, VARIANT_ENVS (settings that time the variant again, untested),
+# Knobs: BASE=0, TESTS=0 or TESTS=variant, TEST_FILES, VARIANT_ENVS (settings that time the variant again, untested),
 # MODEL=0, SHAPE (7.2b), MODEL_ARGS (more bench_model.py flags, e.g. --gemv on,off
 # --fused-lora on,off), INT8_ARGS (more bench_int8.py model flags, e.g. --fused-lora on,off). Output: $OUT/log.txt, and per side base-*/variant-* JSON.
 set -uo pipefail
@@ -40,7 +40,7 @@ print({name: result.how for name, result in cuda_ops.enable_cuda_kernels().items
 }
 
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } 2>&1 | tee -a "$log"
-side base
+[ "${BASE:-1}" = 1 ] && side base  # BASE=0: the variant only (a VARIANT_ENVS setting as its control)
 cp "$variant"/*.cu* albatross/cuda/ 2>/dev/null
 echo "== variant files: $(cd "$variant" && ls)" | tee -a "$log"
 side variant
