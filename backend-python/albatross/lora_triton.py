@@ -23,7 +23,8 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_ROWS = 4
+from albatross.triton_paths import MAX_ROWS  # the rows the dispatch sends
+
 ROWS_P = 16  # rows padded (masked) to tl.dot's smallest tile, so both kernels' loads are pipelined
 SPLITS = 8  # K pieces of the down products: a 7.2B block's 30 column tiles x 8 = 240 programs
 BLOCK_N_DOWN = 32

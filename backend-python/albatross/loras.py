@@ -11,26 +11,22 @@ batch-1 CUDA graph) it took fp16 from 171 to 185 tok/s and int8 from 211 to 229
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
 from albatross import linear
+from albatross.triton_paths import TritonPath
 
 FUSED_BY_DEFAULT = True
-_fused_allowed = FUSED_BY_DEFAULT
-_TRITON = importlib.util.find_spec("triton") is not None  # CUDA builds of torch ship it
-_DTYPES = (torch.float16, torch.bfloat16)
+_PATH = TritonPath(FUSED_BY_DEFAULT)
 
 
 def set_fused_allowed(allowed: bool) -> None:
     """Let 1-4 rows on a GPU take the two-launch Triton kernels (benchmarks and tests compare)."""
-    global _fused_allowed
-    _fused_allowed = allowed
+    _PATH.set_allowed(allowed)
 
 
 def fused_applies(mixes: torch.Tensor) -> bool:
-    return _fused_allowed and _TRITON and mixes.is_cuda and mixes.dtype in _DTYPES and mixes.shape[1] <= 4
+    return _PATH.applies(mixes, mixes.shape[1])
 
 
 def loras_torch(

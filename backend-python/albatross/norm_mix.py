@@ -8,27 +8,22 @@ Off by default until the H200 has timed it (`bench/bench_model.py --fused-norm-m
 
 from __future__ import annotations
 
-import importlib.util
-
 import torch
 
 from albatross import ops
+from albatross.triton_paths import TritonPath
 
 FUSED_BY_DEFAULT = False
-MAX_ROWS = 4
-_fused_allowed = FUSED_BY_DEFAULT
-_TRITON = importlib.util.find_spec("triton") is not None  # CUDA builds of torch ship it
-_DTYPES = (torch.float16, torch.bfloat16)
+_PATH = TritonPath(FUSED_BY_DEFAULT)
 
 
 def set_fused_allowed(allowed: bool) -> None:
     """Let decode steps of 1-4 rows on a GPU take the one-launch Triton kernel (benchmarks and tests compare)."""
-    global _fused_allowed
-    _fused_allowed = allowed
+    _PATH.set_allowed(allowed)
 
 
 def fused_applies(x: torch.Tensor, batch: ops.FlatBatch) -> bool:
-    return _fused_allowed and _TRITON and x.is_cuda and x.dtype in _DTYPES and batch.single_token and x.shape[0] <= MAX_ROWS
+    return batch.single_token and _PATH.applies(x, x.shape[0])
 
 
 def norm_mix(

@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from albatross.triton_pdl import launch_dependents
+from albatross.triton_paths import launch_dependents
 
 
 @triton.jit

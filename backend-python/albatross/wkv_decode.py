@@ -8,83 +8,72 @@ Off by default until the H200 has timed it (`bench/bench_model.py --fused-wkv on
 
 from __future__ import annotations
 
-import importlib.util
+from dataclasses import dataclass
 
 import torch
 
 from albatross import ops, wkv_dispatch
+from albatross.triton_paths import TritonPath
 
 FUSED_BY_DEFAULT = False
-MAX_ROWS = 4
-_fused_allowed = FUSED_BY_DEFAULT
-_TRITON = importlib.util.find_spec("triton") is not None  # CUDA builds of torch ship it
-_DTYPES = (torch.float16, torch.bfloat16)
+_PATH = TritonPath(FUSED_BY_DEFAULT)
 
 
 def set_fused_allowed(allowed: bool) -> None:
     """Let decode steps of 1-4 rows on a GPU take the one-launch Triton kernel (benchmarks and tests compare)."""
-    global _fused_allowed
-    _fused_allowed = allowed
+    _PATH.set_allowed(allowed)
 
 
 def fused_applies(k: torch.Tensor, batch: ops.FlatBatch) -> bool:
-    return _fused_allowed and _TRITON and k.is_cuda and k.dtype in _DTYPES and batch.single_token and k.shape[0] <= MAX_ROWS
+    return batch.single_token and _PATH.applies(k, k.shape[0])
+
+
+@dataclass(frozen=True, slots=True)
+class StepWeights:
+    """A block's vectors the WKV step reads (`[C]` each); `v0` is None in block 0."""
+
+    w0: torch.Tensor
+    a0: torch.Tensor
+    v0: torch.Tensor | None
+    k_k: torch.Tensor
+    k_a: torch.Tensor
+    r_k: torch.Tensor
+    ln_weight: torch.Tensor
+    ln_bias: torch.Tensor
 
 
 def prep_wkv_gate(
     state: torch.Tensor,
     batch: ops.FlatBatch,
-    r: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    rkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     g: torch.Tensor,
-    w_lora: torch.Tensor,
-    a_lora: torch.Tensor,
-    v_lora: torch.Tensor | None,
+    loras: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor],
     v_first: torch.Tensor | None,
-    w0: torch.Tensor,
-    a0: torch.Tensor,
-    v0: torch.Tensor | None,
-    k_k: torch.Tensor,
-    k_a: torch.Tensor,
-    r_k: torch.Tensor,
-    ln_weight: torch.Tensor,
-    ln_bias: torch.Tensor,
+    weights: StepWeights,
 ) -> torch.Tensor:
-    """The time mix's output before its projection `[T, C]`; k and v (blocks 1+) are updated in
-    place as `wkv_prep` does, and the slots' WKV states advance. `v_lora`, `v_first` and `v0` are
-    None in block 0, which has no value residual."""
-    if fused_applies(k, batch):
+    """The time mix's output before its projection `[T, C]`, from r, k, v, the gate g and the
+    (value, decay, in-context rate) LoRA outputs; k and v (blocks 1+) are updated in place as
+    `wkv_prep` does, and the slots' WKV states advance. The value LoRA, `v_first` and `weights.v0`
+    are None in block 0, which has no value residual."""
+    if fused_applies(rkv[1], batch):
         from albatross import wkv_decode_triton
 
-        return wkv_decode_triton.prep_wkv_gate(
-            state, batch.slot_idx, r, k, v, g, w_lora, a_lora, v_lora, v_first, w0, a0, v0, k_k, k_a, r_k, ln_weight, ln_bias,
-            ops.GROUP_NORM_EPS,
-        )  # fmt: skip
-    return prep_wkv_gate_torch(state, batch, r, k, v, g, w_lora, a_lora, v_lora, v_first, w0, a0, v0, k_k, k_a, r_k, ln_weight, ln_bias)
+        return wkv_decode_triton.prep_wkv_gate(state, batch.slot_idx, rkv, g, loras, v_first, weights, ops.GROUP_NORM_EPS)
+    return prep_wkv_gate_torch(state, batch, rkv, g, loras, v_first, weights)
 
 
 def prep_wkv_gate_torch(
     state: torch.Tensor,
     batch: ops.FlatBatch,
-    r: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    rkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     g: torch.Tensor,
-    w_lora: torch.Tensor,
-    a_lora: torch.Tensor,
-    v_lora: torch.Tensor | None,
+    loras: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor],
     v_first: torch.Tensor | None,
-    w0: torch.Tensor,
-    a0: torch.Tensor,
-    v0: torch.Tensor | None,
-    k_k: torch.Tensor,
-    k_a: torch.Tensor,
-    r_k: torch.Tensor,
-    ln_weight: torch.Tensor,
-    ln_bias: torch.Tensor,
+    weights: StepWeights,
 ) -> torch.Tensor:
     """The three ops one after the other: the twin, and the path everywhere the kernel does not apply."""
-    w, a, b = ops.wkv_prep(k, v, w_lora, a_lora, v_lora, v_first, w0, a0, v0, k_k, k_a)
+    r, k, v = rkv
+    v_lora, w_lora, a_lora = loras
+    w, a, b = ops.wkv_prep(k, v, w_lora, a_lora, v_lora, v_first, weights.w0, weights.a0, weights.v0, weights.k_k, weights.k_a)
     y = wkv_dispatch.wkv7(state, batch, r, w, k, v, a, b)  # sequential or chunked kernel, by the call's lengths
-    return ops.gn_bonus_gate(y, r, k, v, g, r_k, ln_weight, ln_bias)
+    return ops.gn_bonus_gate(y, r, k, v, g, weights.r_k, weights.ln_weight, weights.ln_bias)

@@ -24,7 +24,8 @@ import torch
 import triton
 import triton.language as tl
 
-from albatross.triton_pdl import launch_dependents
+from albatross.triton_paths import launch_dependents
+from albatross.wkv_decode import StepWeights
 
 # A program's 64 x 64 state over 8 warps: 16 floats a thread. With 4 warps sm90's build of the fp16
 # state with the value residual spilled (tests/test_decode_triton_sm90_compile.py).
@@ -101,39 +102,30 @@ def _prep_wkv_gate_kernel(
 def prep_wkv_gate(
     state: torch.Tensor,
     slot_idx: torch.Tensor,
-    r: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    rkv: tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     g: torch.Tensor,
-    w_lora: torch.Tensor,
-    a_lora: torch.Tensor,
-    v_lora: torch.Tensor | None,
+    loras: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor],
     v_first: torch.Tensor | None,
-    w0: torch.Tensor,
-    a0: torch.Tensor,
-    v0: torch.Tensor | None,
-    k_k: torch.Tensor,
-    k_a: torch.Tensor,
-    r_k: torch.Tensor,
-    ln_weight: torch.Tensor,
-    ln_bias: torch.Tensor,
+    weights: StepWeights,
     eps: float,
 ) -> torch.Tensor:
-    """The time mix's output before its projection `[rows, C]`, for rows that are each one slot's
-    single token; k, v and each row's slot of `state` `[B, H, N, N]` are updated in place."""
+    """`wkv_decode.prep_wkv_gate` for rows that are each one slot's single token: the output
+    `[rows, C]`; k, v and each row's slot of `state` `[B, H, N, N]` are updated in place."""
+    r, k, v = rkv
+    v_lora, w_lora, a_lora = loras
     rows, C = k.shape
     B, H, N, _ = state.shape
     assert H * N == C and state.stride(1) == N * N and state.stride(2) == N and state.stride(3) == 1
     has_value_lora = v_lora is not None
-    assert has_value_lora == (v_first is not None) == (v0 is not None), "v_lora, v_first and v0 go together"
+    assert has_value_lora == (v_first is not None) == (weights.v0 is not None), "the value LoRA, v_first and v0 go together"
     operands = [r, k, v, g, w_lora, a_lora] + ([v_lora, v_first] if has_value_lora else [])
     assert all(t.stride(1) == 1 for t in operands), "rows with unit column stride"
     out = torch.empty((rows, C), dtype=k.dtype, device=k.device)
     if rows:
         _prep_wkv_gate_kernel[(rows, H)](
             r, k, v, g, w_lora, a_lora, v_lora if has_value_lora else v, v_first if has_value_lora else v,
-            w0, a0, v0 if has_value_lora else w0, k_k, k_a, r_k, ln_weight, ln_bias,
-            state, slot_idx, out,
+            weights.w0, weights.a0, weights.v0 if has_value_lora else weights.w0, weights.k_k, weights.k_a, weights.r_k,
+            weights.ln_weight, weights.ln_bias, state, slot_idx, out,
             r.stride(0), k.stride(0), v.stride(0), g.stride(0), w_lora.stride(0), a_lora.stride(0),
             v_lora.stride(0) if has_value_lora else 0, v_first.stride(0) if has_value_lora else 0, out.stride(0), state.stride(0),
             eps, HAS_VALUE_LORA=has_value_lora, N=N, LAUNCH_DEPENDENTS=launch_dependents(k.device), num_warps=NUM_WARPS,

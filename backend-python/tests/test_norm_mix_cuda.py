@@ -8,8 +8,7 @@ import pytest
 import torch
 
 from albatross import cuda_ops, norm_mix, ops
-from albatross.cuda_graphs import DecodeGraphRunner
-from albatross.random_checkpoint import CheckpointShape, random_state_dict
+from decode_paths import assert_decode_matches_without
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
@@ -102,21 +101,4 @@ def test_results_are_deterministic_and_replay_from_a_cuda_graph() -> None:
 
 
 def test_decode_through_the_kernel_matches_decode_without_it() -> None:
-    from albatross.model import RWKV7
-
-    model = RWKV7.from_state_dict(random_state_dict(CheckpointShape(n_layer=4, n_embd=512), seed=8, device=DEV), DEV, progress=False)
-    eager, graphed = [], []
-    for enabled in (True, False):
-        norm_mix.set_fused_allowed(enabled)
-        try:
-            pool = model.new_pool(4)
-            model.forward(pool, [0, 2], [[11, 12, 13, 14, 15, 16], [7, 8]])  # prefill: the two ops either way
-            eager.append([model.forward(pool, [0, 2], [[21 + i], [31 + i]]) for i in range(4)])
-            runner = DecodeGraphRunner(model, pool, scratch_slot=3, buckets=(2,))
-            slots = torch.tensor([0, 2], device=DEV)
-            graphed.append([runner.decode(slots, torch.tensor([41 + i, 51 + i], device=DEV)).clone() for i in range(4)])
-        finally:
-            norm_mix.set_fused_allowed(norm_mix.FUSED_BY_DEFAULT)
-    for got, expected in [*zip(*eager), *zip(*graphed)]:
-        rel = ((got - expected).norm() / expected.norm()).item()
-        assert rel < 1e-2, f"logits relative difference {rel:.2e}"
+    assert_decode_matches_without([norm_mix])

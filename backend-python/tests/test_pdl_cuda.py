@@ -52,15 +52,22 @@ def _residual() -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
     return x, delta, weight, bias
 
 
-@pytest.mark.parametrize("name", ["fp16 GEMV", "int8 GEMV"])
-def test_a_product_after_a_long_kernel_reads_its_output(name: str) -> None:
+def _case(name: str) -> tuple[Callable[[torch.Tensor], torch.Tensor], torch.Tensor, tuple[torch.Tensor, ...], torch.Tensor]:
+    """The product, the residual before the norm, the norm's other operands, and the product of
+    the last row after the norm (computed with a sync between the two kernels)."""
     product = _products()[name]
     x, delta, weight, bias = _residual()
     updated = x.clone()
     ops.add_layer_norm(updated, delta, weight, bias)
-    expected = product(updated[-1:])
     torch.cuda.synchronize()
+    expected = product(updated[-1:])
     assert not torch.equal(updated[-1:], x[-1:])
+    return product, x, (delta, weight, bias), expected
+
+
+@pytest.mark.parametrize("name", ["fp16 GEMV", "int8 GEMV"])
+def test_a_product_after_a_long_kernel_reads_its_output(name: str) -> None:
+    product, x, (delta, weight, bias), expected = _case(name)
 
     for _ in range(3):  # eager: the two launches back to back, nothing between them
         fresh = x.clone()
@@ -72,11 +79,7 @@ def test_a_product_after_a_long_kernel_reads_its_output(name: str) -> None:
 
 @pytest.mark.parametrize("name", ["fp16 GEMV", "int8 GEMV"])
 def test_a_captured_product_after_a_long_kernel_reads_its_output(name: str) -> None:
-    product = _products()[name]
-    x, delta, weight, bias = _residual()
-    updated = x.clone()
-    ops.add_layer_norm(updated, delta, weight, bias)
-    expected = product(updated[-1:])
+    product, x, (delta, weight, bias), expected = _case(name)
 
     static = x.clone()
     side = torch.cuda.Stream()

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 from albatross import cuda_ops, loras, norm_mix, ops, wkv_decode
-from albatross.cuda_graphs import DecodeGraphRunner
-from albatross.random_checkpoint import CheckpointShape, random_state_dict
+from decode_paths import assert_decode_matches_without
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
@@ -53,11 +52,16 @@ def _run(o: dict[str, object], fused: bool) -> tuple[torch.Tensor, torch.Tensor,
     try:
         assert wkv_decode.fused_applies(k, o["batch"]) == fused  # type: ignore[arg-type]
         run = wkv_decode.prep_wkv_gate if fused else wkv_decode.prep_wkv_gate_torch
-        out = run(state, o["batch"], r, k, v, o["g"], o["w_lora"], o["a_lora"], o["v_lora"], o["v_first"], o["w0"], o["a0"],  # type: ignore[arg-type]
-                  o["v0"], o["k_k"], o["k_a"], o["r_k"], o["ln_w"], o["ln_b"])  # fmt: skip
+        out = run(state, o["batch"], (r, k, v), *_rest(o))  # type: ignore[arg-type]
     finally:
         wkv_decode.set_fused_allowed(wkv_decode.FUSED_BY_DEFAULT)
     return out, mix, state
+
+
+def _rest(o: dict[str, object]) -> tuple[object, ...]:
+    """The arguments after (r, k, v): the gate, the LoRA outputs, v_first and the block's vectors."""
+    weights = wkv_decode.StepWeights(o["w0"], o["a0"], o["v0"], o["k_k"], o["k_a"], o["r_k"], o["ln_w"], o["ln_b"])  # type: ignore[arg-type]
+    return o["g"], (o["v_lora"], o["w_lora"], o["a_lora"]), o["v_first"], weights
 
 
 def _close(got: torch.Tensor, want: torch.Tensor, dtype: torch.dtype) -> None:
@@ -88,17 +92,17 @@ def test_results_are_deterministic_and_replay_from_a_cuda_graph() -> None:
         assert all(torch.equal(a, b) for a, b in zip(again, first))
     mix, state = o["mix"].clone(), o["state"].clone()  # type: ignore[attr-defined]
     r, k, v = mix.unbind(0)
-    args = (o["g"], o["w_lora"], o["a_lora"], o["v_lora"], o["v_first"], o["w0"], o["a0"], o["v0"], o["k_k"], o["k_a"], o["r_k"], o["ln_w"], o["ln_b"])
+    args = _rest(o)
     wkv_decode.set_fused_allowed(True)
     try:
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            wkv_decode.prep_wkv_gate(state, o["batch"], r, k, v, *args)  # type: ignore[arg-type]  # compile and warm up
+            wkv_decode.prep_wkv_gate(state, o["batch"], (r, k, v), *args)  # type: ignore[arg-type]  # compile and warm up
         torch.cuda.current_stream().wait_stream(side)
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
-            out = wkv_decode.prep_wkv_gate(state, o["batch"], r, k, v, *args)  # type: ignore[arg-type]
+            out = wkv_decode.prep_wkv_gate(state, o["batch"], (r, k, v), *args)  # type: ignore[arg-type]
     finally:
         wkv_decode.set_fused_allowed(wkv_decode.FUSED_BY_DEFAULT)
     mix.copy_(o["mix"])  # type: ignore[arg-type]
@@ -109,25 +113,4 @@ def test_results_are_deterministic_and_replay_from_a_cuda_graph() -> None:
 
 @pytest.mark.parametrize("others", [False, True], ids=["alone", "with the other batch-1 paths"])
 def test_decode_through_the_kernel_matches_decode_without_it(others: bool) -> None:
-    from albatross.model import RWKV7
-
-    model = RWKV7.from_state_dict(random_state_dict(CheckpointShape(n_layer=4, n_embd=512), seed=8, device=DEV), DEV, progress=False)
-    eager, graphed = [], []
-    for enabled in (True, False):
-        wkv_decode.set_fused_allowed(enabled)
-        norm_mix.set_fused_allowed(enabled and others)
-        loras.set_fused_allowed(enabled and others)
-        try:
-            pool = model.new_pool(4, torch.float16)
-            model.forward(pool, [0, 2], [[11, 12, 13, 14, 15, 16], [7, 8]])  # prefill: the three ops either way
-            eager.append([model.forward(pool, [0, 2], [[21 + i], [31 + i]]) for i in range(4)])
-            runner = DecodeGraphRunner(model, pool, scratch_slot=3, buckets=(2,))
-            slots = torch.tensor([0, 2], device=DEV)
-            graphed.append([runner.decode(slots, torch.tensor([41 + i, 51 + i], device=DEV)).clone() for i in range(4)])
-        finally:
-            wkv_decode.set_fused_allowed(wkv_decode.FUSED_BY_DEFAULT)
-            norm_mix.set_fused_allowed(norm_mix.FUSED_BY_DEFAULT)
-            loras.set_fused_allowed(loras.FUSED_BY_DEFAULT)
-    for got, expected in [*zip(*eager), *zip(*graphed)]:
-        rel = ((got - expected).norm() / expected.norm()).item()
-        assert rel < 1e-2, f"logits relative difference {rel:.2e}"
+    assert_decode_matches_without([wkv_decode, norm_mix, loras] if others else [wkv_decode])

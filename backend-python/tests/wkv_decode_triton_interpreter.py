@@ -62,8 +62,9 @@ def main() -> None:
 
         want_state, want_mix = state.clone(), mix.clone()
         wr, wk, wv = want_mix.unbind(0)
-        want = wkv_decode.prep_wkv_gate_torch(want_state, batch, wr, wk, wv, g, lora[1], lora[2], value[0], value[1], w0, a0, value[2], k_k, k_a, r_k, ln_w, ln_b)
-        got = wkv_decode_triton.prep_wkv_gate(state, batch.slot_idx, r, k, v, g, lora[1], lora[2], value[0], value[1], w0, a0, value[2], k_k, k_a, r_k, ln_w, ln_b, ops.GROUP_NORM_EPS)
+        weights = wkv_decode.StepWeights(w0, a0, value[2], k_k, k_a, r_k, ln_w, ln_b)
+        want = wkv_decode.prep_wkv_gate_torch(want_state, batch, (wr, wk, wv), g, (value[0], lora[1], lora[2]), value[1], weights)
+        got = wkv_decode_triton.prep_wkv_gate(state, batch.slot_idx, (r, k, v), g, (value[0], lora[1], lora[2]), value[1], weights, ops.GROUP_NORM_EPS)
 
         def error(a: torch.Tensor, b: torch.Tensor) -> float:
             return float((a.float() - b.float()).abs().max() / b.float().abs().max())

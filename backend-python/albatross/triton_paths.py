@@ -1,0 +1,49 @@
+"""What the batch-1 Triton paths share (`loras`, `norm_mix`, `wkv_decode`): each one's switch, and
+whether a call qualifies (Triton present, fp16/bf16 tensors on a GPU, at most MAX_ROWS rows), and
+whether their kernels let the next kernel in the stream launch before they finish.
+
+That signal (`griddepcontrol.launch_dependents`, compute capability 9.0+) matters only to a
+kernel launched to overlap its predecessor (the few-row GEMVs of bench/variants/pdl); every other
+kernel still waits for the whole grid. The PTX instruction does not exist before sm90, hence the
+check; `ALBATROSS_PDL=0` turns it off, as it does those launches."""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+import os
+from dataclasses import dataclass, field
+
+import torch
+
+MAX_ROWS = 4
+_TRITON = importlib.util.find_spec("triton") is not None  # CUDA builds of torch ship it
+_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@dataclass(slots=True)
+class TritonPath:
+    """One path's switch: `default` until `set_allowed` (benchmarks and tests compare both)."""
+
+    default: bool
+    allowed: bool = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.allowed = self.default
+
+    def set_allowed(self, allowed: bool) -> None:
+        self.allowed = allowed
+
+    def applies(self, tensor: torch.Tensor, rows: int) -> bool:
+        return self.allowed and _TRITON and tensor.is_cuda and tensor.dtype in _DTYPES and rows <= MAX_ROWS
+
+
+def launch_dependents(device: torch.device) -> bool:
+    if device.type != "cuda" or os.environ.get("ALBATROSS_PDL") == "0":
+        return False
+    return _sm90_or_later(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.cache
+def _sm90_or_later(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
