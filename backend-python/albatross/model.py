@@ -193,6 +193,11 @@ class RWKV7:
         self.weights = weights  # "fp16": matrices at the model dtype; "int8": quantized
         self.dtype: torch.dtype = emb.dtype
         self.device: torch.device = emb.device
+        # Each block's vectors for its WKV step, bundled once here rather than on every forward.
+        self._step_weights = [
+            wkv_decode.StepWeights(layer.w0, layer.a0, layer.v0 if index else None, layer.k_k, layer.k_a, layer.r_k, layer.ln_x_weight, layer.ln_x_bias)
+            for index, layer in enumerate(layers)
+        ]
 
     # ------------------------------------------------------------------------------------------
     # loading
@@ -360,12 +365,11 @@ class RWKV7:
         w_lora, a_lora = lora[-2], lora[-1]
         if index == 0:  # block 0 defines v_first and has no value residual
             v_first = v
-            v_lora, first, v0 = None, None, None
+            v_lora, first = None, None
         else:
             assert layer.v0 is not None and stacked == 3
-            v_lora, first, v0 = lora[0], v_first, layer.v0
-        weights = wkv_decode.StepWeights(layer.w0, layer.a0, v0, layer.k_k, layer.k_a, layer.r_k, layer.ln_x_weight, layer.ln_x_bias)
-        y = wkv_decode.prep_wkv_gate(wkv_state, batch, (r, k, v), g, (v_lora, w_lora, a_lora), first, weights)
+            v_lora, first = lora[0], v_first
+        y = wkv_decode.prep_wkv_gate(wkv_state, batch, (r, k, v), g, (v_lora, w_lora, a_lora), first, self._step_weights[index])
         return linear.mm(y, layer.output), v_first
 
     def _channel_mix(self, layer: LayerWeights, xk: torch.Tensor) -> torch.Tensor:

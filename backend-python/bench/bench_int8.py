@@ -145,7 +145,7 @@ def model_speed(
     (bench_model.py's timings). A device call that only compares batch-1 variants asks for
     `cases=("decode1",)` and saves the other cases' minutes."""
     from albatross.cuda_graphs import DecodeGraphRunner
-    from bench_model import Result, bench_decode, bench_prefill  # bench/ is this script's folder
+    from bench_model import Result, batch1_paths, bench_decode, bench_prefill  # bench/ is this script's folder
 
     shape = NAMED_SHAPES[shape_name]
     rows: list[dict[str, object]] = []
@@ -157,15 +157,10 @@ def model_speed(
         found: list[tuple[bool, bool, bool, Result]] = []
         settings = [(f, n, w) for f in fused_lora for n in fused_norm_mix for w in fused_wkv] if "decode1" in cases else []
         for fused, norm, wkv in settings:
-            loras.set_fused_allowed(fused)  # all three captured into this runner's graph
-            norm_mix.set_fused_allowed(norm)
-            wkv_decode.set_fused_allowed(wkv)
-            runner = DecodeGraphRunner(model, pool, scratch_slot=960, buckets=(1,))
-            found.append((fused, norm, wkv, bench_decode(model, pool, 1, 3 * steps, shape_name, runner)))
+            with batch1_paths(fused, norm, wkv):  # all three captured into this runner's graph
+                runner = DecodeGraphRunner(model, pool, scratch_slot=960, buckets=(1,))
+                found.append((fused, norm, wkv, bench_decode(model, pool, 1, 3 * steps, shape_name, runner)))
             del runner
-        loras.set_fused_allowed(loras.FUSED_BY_DEFAULT)
-        norm_mix.set_fused_allowed(norm_mix.FUSED_BY_DEFAULT)
-        wkv_decode.set_fused_allowed(wkv_decode.FUSED_BY_DEFAULT)
         default = (loras.FUSED_BY_DEFAULT, norm_mix.FUSED_BY_DEFAULT, wkv_decode.FUSED_BY_DEFAULT)
         if "decode960" in cases:
             found.append((*default, bench_decode(model, pool, 960, steps, shape_name)))
@@ -235,15 +230,15 @@ def main(argv: list[str] | None = None) -> None:
         int8_kernels.kernels_main(tuple(args.matrices.split(",")), rows, args.reps, args.cap, only, args.json, args.device)
         return
     else:
-        fused = tuple(_on_off(v) for v in args.fused_lora.split(",") if v.strip())
+        from bench_model import on_off_settings
+
         weights = tuple(w.strip() for w in args.weights.split(",") if w.strip())
         cases = tuple(c.strip() for c in args.cases.split(",") if c.strip())
         unknown = [c for c in cases if c not in MODEL_CASES] + [w for w in weights if w not in ("fp16", "int8")]
-        if unknown or not fused or not weights or not cases:
-            raise SystemExit(f"model: unknown or empty --cases/--weights/--fused-lora: {unknown or 'empty'}")
-        norms = tuple(_on_off(v) for v in args.fused_norm_mix.split(",") if v.strip())
-        wkvs = tuple(_on_off(v) for v in args.fused_wkv.split(",") if v.strip())
-        figures = model_speed(args.shape, args.steps, fused, weights, cases, norms or (norm_mix.FUSED_BY_DEFAULT,), wkvs or (wkv_decode.FUSED_BY_DEFAULT,))
+        if unknown or not weights or not cases:
+            raise SystemExit(f"model: unknown or empty --cases/--weights: {unknown or 'empty'}")
+        fused, norms, wkvs = (tuple(on_off_settings(text)) for text in (args.fused_lora, args.fused_norm_mix, args.fused_wkv))
+        figures = model_speed(args.shape, args.steps, fused, weights, cases, norms, wkvs)
         print(f"\n{'weights':<8}{'what':<24}{'batch':>7}{'tok/s':>12}{'ms/step':>10}  {'fused LoRAs':<12}{'norm+mix':<10}{'WKV step':<10}vs fp16 (floor)")
         for r in figures:  # type: ignore[union-attr]
             ratio = f"{r['vs_fp16']:.2f}x" + (f" ({r['floor']}x)" if "floor" in r else "") if "vs_fp16" in r else ""
@@ -255,12 +250,6 @@ def main(argv: list[str] | None = None) -> None:
         payload = {"what": args.what, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__, "figures": figures}
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(payload, indent=2, default=str))
-
-
-def _on_off(value: str) -> bool:
-    if value.strip() not in ("on", "off"):
-        raise SystemExit(f"--fused-lora, --fused-norm-mix and --fused-wkv take on, off or both; got {value!r}")
-    return value.strip() == "on"
 
 
 if __name__ == "__main__":

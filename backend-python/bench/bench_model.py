@@ -13,7 +13,8 @@ import argparse
 import math
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -224,13 +225,27 @@ def precision_accuracy(shape_name: str, streams: int, steps: int) -> dict[str, d
     }
 
 
-def _switch(text: str) -> list[bool]:
+@contextmanager
+def batch1_paths(lora: bool, norm: bool, wkv: bool) -> Iterator[None]:
+    """The batch-1 Triton paths on or off (fused LoRAs, one-launch norm + mix, one-launch WKV
+    step) for what runs or is captured inside, then back to their defaults."""
+    paths = ((loras, lora), (norm_mix, norm), (wkv_decode, wkv))
+    for module, allowed in paths:
+        module.set_fused_allowed(allowed)
+    try:
+        yield
+    finally:
+        for module, _ in paths:
+            module.set_fused_allowed(module.FUSED_BY_DEFAULT)
+
+
+def on_off_settings(text: str) -> list[bool]:
     """"on", "off" or "on,off" as a list of settings to run in turn."""
     values = {"on": True, "off": False}
-    settings = [values[v.strip()] for v in text.split(",") if v.strip()]
-    if not settings:
+    words = [v.strip() for v in text.split(",") if v.strip()]
+    if not words or any(word not in values for word in words):
         raise SystemExit(f"expected on, off or on,off; got {text!r}")
-    return settings
+    return [values[word] for word in words]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -295,7 +310,7 @@ def main(argv: list[str] | None = None) -> None:
                     results.append(result)
                     print(asdict(result), flush=True)
             wkv_dispatch.POLICY = wkv_dispatch.DEFAULT_POLICY
-            for gemv in _switch(args.gemv) if graph_batches else ():
+            for gemv in on_off_settings(args.gemv) if graph_batches else ():
                 linear.set_gemv_allowed(gemv)  # captured into the graphs below
                 note = tag + (", GEMV for <= 4 rows" if linear.gemv_enabled() else ", cuBLAS")
                 results += graph_decode_rows(model, pool, graph_batches, lambda batch: 3 * args.steps, args.shape, note)
@@ -304,21 +319,16 @@ def main(argv: list[str] | None = None) -> None:
             for batch in [int(b) for b in args.profile_graph_batches.split(",") if b]:
                 print(f"\n== profile: graph decode, batch {batch}, fp16 state, {args.shape}\n{profile_graph_decode(model, pool, batch)}", flush=True)
             fp16_graph_batches = [int(b) for b in args.fp16_graph_batches.split(",") if b and int(b) < pool.batch_size]
-            settings = [(gemv, fused, norm, wkv) for gemv in _switch(args.gemv) for fused in _switch(args.fused_lora)
-                        for norm in _switch(args.fused_norm_mix) for wkv in _switch(args.fused_wkv)] if fp16_graph_batches else []  # fmt: skip
+            settings = [(gemv, fused, norm, wkv) for gemv in on_off_settings(args.gemv) for fused in on_off_settings(args.fused_lora)
+                        for norm in on_off_settings(args.fused_norm_mix) for wkv in on_off_settings(args.fused_wkv)] if fp16_graph_batches else []  # fmt: skip
             for gemv, fused, norm, wkv in settings:  # what the engine runs: a captured step per bucket
                 linear.set_gemv_allowed(gemv)  # all four captured into the graphs below
-                loras.set_fused_allowed(fused)
-                norm_mix.set_fused_allowed(norm)
-                wkv_decode.set_fused_allowed(wkv)
                 note = tag + (", GEMV for <= 4 rows" if linear.gemv_enabled() else ", cuBLAS") + (", fused LoRAs" if fused else "")
                 note += (", one-launch norm + mix" if norm else "") + (", one-launch WKV step" if wkv else "")
-                results += graph_decode_rows(model, pool, fp16_graph_batches, lambda batch: 3 * args.steps if batch == 1 else args.steps,
-                                             args.shape, note)  # fmt: skip
+                with batch1_paths(fused, norm, wkv):
+                    results += graph_decode_rows(model, pool, fp16_graph_batches, lambda batch: 3 * args.steps if batch == 1 else args.steps,
+                                                 args.shape, note)  # fmt: skip
                 linear.set_gemv_allowed(linear.GEMV_BY_DEFAULT)
-                loras.set_fused_allowed(loras.FUSED_BY_DEFAULT)
-                norm_mix.set_fused_allowed(norm_mix.FUSED_BY_DEFAULT)
-                wkv_decode.set_fused_allowed(wkv_decode.FUSED_BY_DEFAULT)
         if state_dtype == torch.float32:
             for batch in [int(b) for b in args.profile_batches.split(",") if b]:
                 print(f"\n== profile: eager decode + sampling, batch {batch}, {args.shape}\n{profile_decode(model, pool, batch)}", flush=True)
