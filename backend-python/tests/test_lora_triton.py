@@ -40,7 +40,12 @@ def test_the_eager_path_serves_where_the_kernels_do_not_apply() -> None:
     loras.set_fused_allowed(True)
     try:
         assert not loras.fused_applies(mixes), "a CPU tensor takes the eager path"
+        if torch.cuda.is_available():
+            gpu = mixes.cuda()
+            assert loras.fused_applies(gpu)
+            assert not loras.fused_applies(gpu.float()), "fp32 takes the eager path"
+            assert not loras.fused_applies(torch.randn(6, 5, 64, dtype=torch.float16, device="cuda")), "so do more than 4 rows"
+        loras.set_fused_allowed(False)
+        assert not loras.fused_applies(mixes.cuda() if torch.cuda.is_available() else mixes), "switched off"
     finally:
         loras.set_fused_allowed(loras.FUSED_BY_DEFAULT)
-    assert not loras.fused_applies(mixes.float()), "fp32 takes the eager path"
-    assert not loras.fused_applies(torch.randn(6, 5, 64, dtype=torch.float16)), "so do more than 4 rows"
