@@ -42,6 +42,10 @@ def _norm_mix_kernel(
     if HAS_DELTA:
         delta = tl.load(delta_ptr + row.to(tl.int64) * stride_delta + offs, mask=live, other=0.0)
         x = (x.to(tl.float32) + delta.to(tl.float32)).to(x_ptr.dtype.element_ty)  # as stored
+        # x (and below the shift row) is read and then written in place. Where C is small enough
+        # that several warps hold the same element, one warp could store before another loaded:
+        # the barrier orders every read before the write (wkv_decode_triton.py saw that race).
+        tl.debug_barrier()
         tl.store(x_row, x, mask=live)
     xf = x.to(tl.float32)
     mean = tl.sum(xf, axis=0) / C
@@ -53,6 +57,7 @@ def _norm_mix_kernel(
     slot = tl.load(slot_ptr + row).to(tl.int64)
     shift_row = shift_ptr + slot * stride_shift + offs
     prev = tl.load(shift_row, mask=live, other=0.0).to(tl.float32)
+    tl.debug_barrier()
     tl.store(shift_row, h, mask=live)
     hf = h.to(tl.float32)
     for k in tl.static_range(K):
