@@ -20,7 +20,8 @@ from typing import Any
 
 import httpx
 import pytest
-import schemathesis
+
+schemathesis = pytest.importorskip("schemathesis")  # requirements-test.txt; absent on the GPU image
 from hypothesis import HealthCheck, given, settings
 from schemathesis.generation.modes import GenerationMode
 
