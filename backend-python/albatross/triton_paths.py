@@ -3,7 +3,7 @@ whether a call qualifies (Triton present, fp16/bf16 tensors on a GPU, at most MA
 whether their kernels let the next kernel in the stream launch before they finish.
 
 That signal (`griddepcontrol.launch_dependents`, compute capability 9.0+) matters only to a
-kernel launched to overlap its predecessor (the few-row GEMVs of bench/variants/pdl); every other
+kernel launched to overlap its predecessor (the few-row GEMVs, albatross/cuda/pdl.cuh); every other
 kernel still waits for the whole grid. The PTX instruction does not exist before sm90, hence the
 check; `ALBATROSS_PDL=0` turns it off, as it does those launches."""
 

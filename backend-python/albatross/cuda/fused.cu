@@ -12,8 +12,12 @@
 // All but add_layer_norm move 8 channels per thread with 16-byte loads and stores (the kernels are
 // bandwidth-bound), so rows must be 16-byte aligned and C a multiple of 8 (checked on the host);
 // a head's 64 channels then sit in 8 adjacent lanes and its sums are warp shuffles, no barriers.
+//
+// Each kernel first lets the next kernel in the stream launch (pdl.cuh): at batch 1 that is often
+// a weight product, which then streams its weights while this kernel runs. A kernel launched the
+// ordinary way after one of these still waits for it to finish.
 
-#include "common.cuh"
+#include "pdl.cuh"
 
 namespace albatross {
 namespace {
@@ -75,6 +79,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     add_layer_norm_kernel(T* __restrict__ x, const T* __restrict__ delta, const T* __restrict__ weight,
                           const T* __restrict__ bias, T* __restrict__ h, const int C, const float eps) {
+  allow_dependents_to_launch();
   __shared__ float scratch[kThreads / 32];
   const int64_t base = (int64_t)blockIdx.x * C;
   float vals[kRowRegs];
@@ -118,6 +123,7 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads)
     add_layer_norm_vec_kernel(T* __restrict__ x, const T* __restrict__ delta, const T* __restrict__ weight,
                               const T* __restrict__ bias, T* __restrict__ h, const int C, const float eps) {
+  allow_dependents_to_launch();
   constexpr int kGroups = kRowRegs / kVec;
   __shared__ float scratch[kThreads / 32];
   const int64_t base = (int64_t)blockIdx.x * C;
@@ -175,6 +181,7 @@ __global__ void __launch_bounds__(kThreads)
     shift_mix_kernel(const T* __restrict__ x, T* __restrict__ shift, const int64_t shift_stride,
                      const int* __restrict__ slot_idx, const int* __restrict__ cu_seqlens, const int S,
                      const T* __restrict__ coef, const int K, T* __restrict__ out, const int64_t rows, const int C) {
+  allow_dependents_to_launch();
   const int64_t t = blockIdx.x;
   const int c = (blockIdx.y * kThreads + threadIdx.x) * kVec;
   if (c >= C) return;
@@ -239,6 +246,7 @@ struct PrepArgs {
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) wkv_prep_kernel(const PrepArgs<T> p) {
+  allow_dependents_to_launch();
   const int C = p.H * kHead;
   const int c = (blockIdx.y * kThreads + threadIdx.x) * kVec;
   const bool live = c < C;  // C is a multiple of 64: a head's 8 lanes are all live or all not
@@ -305,6 +313,7 @@ __global__ void __launch_bounds__(kThreads)
                          const T* __restrict__ v, const T* __restrict__ g, const T* __restrict__ r_k,
                          const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ out, const int H,
                          const float eps) {
+  allow_dependents_to_launch();
   const int C = H * kHead;
   const int c = (blockIdx.y * kThreads + threadIdx.x) * kVec;
   const bool live = c < C;
@@ -347,6 +356,7 @@ __global__ void __launch_bounds__(kThreads)
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads) relu_square_kernel(const T* __restrict__ x, T* __restrict__ out, const int64_t n) {
+  allow_dependents_to_launch();
   const int64_t chunks = n / kVec;
   const int64_t stride = (int64_t)gridDim.x * kThreads;
   const int64_t start = (int64_t)blockIdx.x * kThreads + threadIdx.x;

@@ -8,11 +8,14 @@
 // matrix is cut into 256-column tiles and its K range into `splits` pieces so that every SM has a
 // few blocks (a 4096 x 4096 matrix is only 16 tiles). Each block writes its partial sums to a
 // workspace; the block that finishes a tile last (an atomic counter per tile) adds the tile's
-// partials in split order, so the result does not depend on which block came last, writes y and
+// partials (split_k.cuh: the result does not depend on which block came last), writes y and
 // resets the counter to zero for the next call (the caller keeps one zeroed counter buffer per
 // device). No second launch: at batch 1 a launch costs about as much as a small matrix's bytes.
+// Launched to overlap the kernel before it (pdl.cuh): every block pulls its first kPrefetchRows
+// rows into L2 before it waits for that kernel, whose output x is the only input it writes.
 
-#include "common.cuh"
+#include "pdl.cuh"
+#include "split_k.cuh"
 
 namespace albatross {
 namespace {
@@ -24,6 +27,7 @@ constexpr int kTileN = 32 * kVec;                       // 256 columns per tile
 constexpr int kUnroll = 4;                              // rows in flight per warp
 constexpr int kKStep = kWarps * kUnroll;                // a split's K range is a multiple of this
 constexpr int kMaxRows = 4;
+constexpr int kPrefetchRows = 64;                       // rows per block pulled into L2 before the wait: 32 KB
 constexpr int kMaxSplitK = 2048;                        // x slice in shared memory: 4 rows x 2048 fp32 = 32 KB
 constexpr int kReduceBytes = kWarps * kMaxRows * kTileN * 4;  // 32 KB
 
@@ -40,6 +44,13 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const T* __restrict__ x,
   x += batch * x_batch_stride;
   W += batch * w_batch_stride;
 
+  const int n0 = tile * kTileN + lane * kVec;
+  if (n0 < N && (lane & 7) == 0) {  // before the wait: one thread per 128-byte line of a row's 512 bytes
+    const T* first = W + (int64_t)k_begin * N + n0;
+    for (int row = warp; row < min(k_count, kPrefetchRows); row += kWarps) prefetch_l2(first + (int64_t)row * N);
+  }
+  wait_for_preceding_grid();
+
   extern __shared__ __align__(16) float smem[];  // the x slice [R][k_count], later the warps' sums
   for (int i = threadIdx.x; i < R * k_count; i += kThreads) {
     const int r = i / k_count, kk = i - r * k_count;
@@ -52,7 +63,6 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const T* __restrict__ x,
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int c = 0; c < kVec; ++c) acc[r][c] = 0.f;
-  const int n0 = tile * kTileN + lane * kVec;
   if (n0 < N) {  // N is a multiple of 8 (checked): a thread's 8 columns are all in range or all out
     const T* column = W + (int64_t)k_begin * N + n0;
     auto accumulate = [&](const uint4& raw, int kk) {
@@ -75,24 +85,28 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const T* __restrict__ x,
     for (; kk < k_count; kk += kWarps) accumulate(__ldcs(reinterpret_cast<const uint4*>(column + (int64_t)kk * N)), kk);
   }
 
-  // The block's sum over its warps, in warp order, then this split's partial for the tile.
-  __syncthreads();  // the x slice is no longer read
+  // Sums over the block's warps, in warp order: first this split's partial for the tile, then, in
+  // the tile's last block, y.
   float* sums = smem;  // [kWarps][R][kTileN]
+  auto sum_warps = [&](auto emit) {
+    __syncthreads();  // the x slice (or the partials' sums) is no longer read
 #pragma unroll
-  for (int r = 0; r < R; ++r)
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int c = 0; c < kVec; ++c) sums[(warp * R + r) * kTileN + lane * kVec + c] = acc[r][c];
-  __syncthreads();
+      for (int c = 0; c < kVec; ++c) sums[(warp * R + r) * kTileN + lane * kVec + c] = acc[r][c];
+    __syncthreads();
+    for (int i = threadIdx.x; i < R * kTileN; i += kThreads) {
+      const int r = i / kTileN, col = i - r * kTileN, n = tile * kTileN + col;
+      float s = 0.f;
+#pragma unroll
+      for (int q = 0; q < kWarps; ++q) s += sums[(q * R + r) * kTileN + col];
+      if (n < N) emit(r, n, s);
+    }
+  };
   float* mine = partial + ((int64_t)(batch * splits + split) * R) * N;
-  for (int i = threadIdx.x; i < R * kTileN; i += kThreads) {
-    const int r = i / kTileN, col = i - r * kTileN, n = tile * kTileN + col;
-    float s = 0.f;
-#pragma unroll
-    for (int q = 0; q < kWarps; ++q) s += sums[(q * R + r) * kTileN + col];
-    if (n < N) mine[(int64_t)r * N + n] = s;
-  }
+  sum_warps([&](int r, int n, float s) { mine[(int64_t)r * N + n] = s; });
 
-  // The last block of this tile to get here adds every split's partial, in split order.
+  // The last block of this tile to get here adds every split's partial.
   __threadfence();  // this block's partial is visible to the block that sums
   __shared__ bool last;
   __syncthreads();
@@ -101,28 +115,14 @@ __global__ void __launch_bounds__(kThreads) gemv_kernel(const T* __restrict__ x,
   __syncthreads();
   if (!last) return;
   __threadfence();
-  const float* all = partial + (int64_t)batch * splits * R * N;
-  for (int i = threadIdx.x; i < R * kTileN; i += kThreads) {
-    const int r = i / kTileN, n = tile * kTileN + (i - r * kTileN);
-    if (n >= N) continue;
-    float s = 0.f;
-    for (int q = 0; q < splits; ++q) s += __ldcg(all + ((int64_t)q * R + r) * N + n);  // L2: written by other SMs
-    y[((int64_t)batch * R + r) * N + n] = from_float<T>(s);
-  }
+#pragma unroll
+  for (int r = 0; r < R; ++r)
+#pragma unroll
+    for (int c = 0; c < kVec; ++c) acc[r][c] = 0.f;
+  if (n0 < N) add_partials_by_warp<R, kVec, kWarps>(partial + (int64_t)batch * splits * R * N, splits, N, n0, warp, acc);
+  T* out = y + (int64_t)batch * R * N;
+  sum_warps([&](int r, int n, float s) { out[(int64_t)r * N + n] = from_float<T>(s); });
   if (threadIdx.x == 0) *counter = 0;  // stream order makes the next call see zero
-}
-
-int multiprocessors(int device) {
-  // Written once per device with the same value by any thread that gets here first: a benign race.
-  static int cached[64] = {0};
-  if (device < 0 || device >= 64) return 132;
-  if (cached[device] == 0) {
-    int count = 0;
-    const cudaError_t error = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-    ALBATROSS_CHECK(error == cudaSuccess, "cudaDeviceGetAttribute failed: ", cudaGetErrorString(error));
-    cached[device] = count;
-  }
-  return cached[device];
 }
 
 // x [B, R, K] (or [R, K]), W [B, K, N] (or [K, N]) -> y [B, R, N] (or [R, N]).
@@ -155,11 +155,7 @@ Tensor gemv_cuda(const Tensor& x, const Tensor& W, Tensor counters) {
                   tiles * B);
   const DeviceGuard guard(W.get_device_index());
   if (N == 0 || B == 0) return batched ? new_empty(W, {B, R, N}) : new_empty(W, {R, N});
-  // Enough blocks for every SM to have ~4 in flight, each split a multiple of kKStep rows and small
-  // enough for its x slice to fit in shared memory.
-  const int64_t want = (4 * multiprocessors(W.get_device_index()) + tiles * B - 1) / (tiles * B);
-  int64_t k_per_split = (K + std::max<int64_t>(want, 1) - 1) / std::max<int64_t>(want, 1);
-  k_per_split = std::min<int64_t>((k_per_split + kKStep - 1) / kKStep * kKStep, kMaxSplitK);
+  const int64_t k_per_split = split_rows(K, tiles * B, W.get_device_index(), kKStep, kMaxSplitK);
   const int64_t splits = (K + k_per_split - 1) / k_per_split;
   ALBATROSS_CHECK(splits <= 65535, "K too large for one launch");
 
@@ -172,8 +168,8 @@ Tensor gemv_cuda(const Tensor& x, const Tensor& W, Tensor counters) {
   auto launch = [&](auto type_tag, auto rows_tag) {
     using T = decltype(type_tag);
     constexpr int Rows = decltype(rows_tag)::value;
-    gemv_kernel<T, Rows><<<grid, kThreads, shared, stream>>>(
-        static_cast<const T*>(x.data_ptr()), x_batch_stride, x_row_stride, static_cast<const T*>(W.data_ptr()),
+    launch_after_preceding(gemv_kernel<T, Rows>, grid, dim3(kThreads), shared, stream, W.get_device_index(),
+                           static_cast<const T*>(x.data_ptr()), x_batch_stride, x_row_stride, static_cast<const T*>(W.data_ptr()),
         batched ? W.stride(0) : 0, static_cast<float*>(partial.data_ptr()), static_cast<int*>(counters.data_ptr()),
         static_cast<T*>(y.data_ptr()), static_cast<int>(K), static_cast<int>(N), static_cast<int>(k_per_split),
         static_cast<int>(splits));

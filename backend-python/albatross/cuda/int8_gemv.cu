@@ -12,11 +12,16 @@
 // (the result does not depend on which block came last), multiplies by the scale, writes y and
 // resets the counter (the caller keeps one zeroed counter buffer per device). One launch.
 //
+// Launched to overlap the kernel before it (pdl.cuh): before waiting for that kernel, each warp
+// loads its first group of weight rows into registers and every block pulls its next
+// kPrefetchRows rows into L2, so at batch 1 the weights stream while the preceding layer norm or
+// token shift runs. Only x (and the workspace, written after the wait) depends on that kernel.
+//
 // Bytes become floats without the int-to-float conversion unit (a quarter of the FMA rate, which
 // would cap the stream below the copy bandwidth): a byte b, biased to b + 128, is placed in the low
 // mantissa byte of 2^23 (one byte permute), and 2^23 + 128 is subtracted (one add). Exact.
 
-#include "common.cuh"
+#include "pdl.cuh"
 
 namespace albatross {
 namespace {
@@ -31,6 +36,7 @@ constexpr int kMaxRows = 4;
 constexpr int kMaxSplitK = 2048;             // x slice in shared memory: 4 rows x 2048 fp32 = 32 KB
 constexpr int kReduceBytes = kWarps * kTileN * 4;  // one row's warp sums at a time: 16 KB
 constexpr float kMagic = 8388736.f;          // 2^23 + 128
+constexpr int kPrefetchRows = 64;            // rows per block pulled into L2 before the wait: 32 KB
 
 // The four signed bytes of `word` as floats, in byte order.
 __device__ __forceinline__ void bytes_to_floats(uint32_t word, float* out) {
@@ -55,10 +61,27 @@ __global__ void __launch_bounds__(kThreads) int8_gemv_kernel(const T* __restrict
   q += (int64_t)batch * K * N;
   scale += (int64_t)batch * N;
 
+  const int n0 = tile * kTileN + lane * kVec;
+  const int8_t* column = q + (int64_t)k_begin * N + n0;
+  // Before the wait: nothing here reads what the preceding kernel writes.
+  int kk = warp;
+  const bool full = n0 < N && kk + (kUnroll - 1) * kWarps < k_count;
+  uint4 current[kUnroll], next[kUnroll];
+  auto load_group = [&](int first, uint4* raw) {
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) raw[u] = __ldcs(reinterpret_cast<const uint4*>(column + (int64_t)(first + u * kWarps) * N));
+  };
+  if (full) load_group(kk, current);
+  if (n0 < N && (lane & 7) == 0) {  // one thread per 128-byte line of a row's 512 bytes
+    const int last = min(k_count, kKStep + kPrefetchRows);
+    for (int row = kKStep + warp; row < last; row += kWarps) prefetch_l2(column + (int64_t)row * N);
+  }
+  wait_for_preceding_grid();
+
   extern __shared__ __align__(16) float smem[];  // the x slice [R][k_count], later one row's warp sums
   for (int i = threadIdx.x; i < R * k_count; i += kThreads) {
-    const int r = i / k_count, kk = i - r * k_count;
-    smem[r * k_per_split + kk] = to_float(x[r * x_row_stride + k_begin + kk]);
+    const int r = i / k_count, k = i - r * k_count;
+    smem[r * k_per_split + k] = to_float(x[r * x_row_stride + k_begin + k]);
   }
   __syncthreads();
 
@@ -67,10 +90,8 @@ __global__ void __launch_bounds__(kThreads) int8_gemv_kernel(const T* __restrict
   for (int r = 0; r < R; ++r)
 #pragma unroll
     for (int c = 0; c < kVec; ++c) acc[r][c] = 0.f;
-  const int n0 = tile * kTileN + lane * kVec;
   if (n0 < N) {  // N is a multiple of 16 (checked): a thread's 16 columns are all in range or all out
-    const int8_t* column = q + (int64_t)k_begin * N + n0;
-    auto accumulate = [&](const uint4& raw, int kk) {
+    auto accumulate = [&](const uint4& raw, int row) {
       float w[kVec];
       bytes_to_floats(raw.x, w);
       bytes_to_floats(raw.y, w + 4);
@@ -78,21 +99,14 @@ __global__ void __launch_bounds__(kThreads) int8_gemv_kernel(const T* __restrict
       bytes_to_floats(raw.w, w + 12);
 #pragma unroll
       for (int r = 0; r < R; ++r) {
-        const float xv = smem[r * k_per_split + kk];  // one address for the whole warp: a broadcast
+        const float xv = smem[r * k_per_split + row];  // one address for the whole warp: a broadcast
 #pragma unroll
         for (int c = 0; c < kVec; ++c) acc[r][c] = fmaf(xv, w[c], acc[r][c]);
       }
     };
     // Software-pipelined: the next group's kUnroll loads are issued before this group's sums, so
     // a warp keeps 2 * kUnroll rows in flight and the loads' latency hides behind the arithmetic.
-    auto load_group = [&](int first, uint4* raw) {
-#pragma unroll
-      for (int u = 0; u < kUnroll; ++u) raw[u] = __ldcs(reinterpret_cast<const uint4*>(column + (int64_t)(first + u * kWarps) * N));
-    };
-    int kk = warp;
-    const bool full = kk + (kUnroll - 1) * kWarps < k_count;
-    uint4 current[kUnroll], next[kUnroll];
-    if (full) load_group(kk, current);
+    // The first group was loaded before the wait.
     while (full) {
       const int following = kk + kKStep;
       const bool more = following + (kUnroll - 1) * kWarps < k_count;
@@ -210,7 +224,8 @@ Tensor int8_gemv_cuda(const Tensor& x, const Tensor& q, const Tensor& scale, Ten
   auto launch = [&](auto type_tag, auto rows_tag) {
     using T = decltype(type_tag);
     constexpr int Rows = decltype(rows_tag)::value;
-    int8_gemv_kernel<T, Rows><<<grid, kThreads, shared, stream>>>(
+    launch_after_preceding(
+        int8_gemv_kernel<T, Rows>, grid, dim3(kThreads), shared, stream, q.get_device_index(),
         static_cast<const T*>(x.data_ptr()), x_batch_stride, x_row_stride, static_cast<const int8_t*>(q.data_ptr()),
         static_cast<const float*>(scale.data_ptr()), static_cast<float*>(partial.data_ptr()),
         static_cast<int*>(counters.data_ptr()), static_cast<T*>(y.data_ptr()), static_cast<int>(K), static_cast<int>(N),
