@@ -50,4 +50,3 @@ def test_the_three_ops_serve_where_the_kernel_does_not_apply() -> None:
             assert not wkv_decode.fused_applies(gpu.float(), ops.FlatBatch.build([0, 1], [1, 1], gpu.device)), "fp32"
     finally:
         wkv_decode.set_fused_allowed(wkv_decode.FUSED_BY_DEFAULT)
-    assert not wkv_decode.FUSED_BY_DEFAULT, "off until the H200 has timed it (docs/performance.md)"
