@@ -1,0 +1,76 @@
+"""How far one row's logits move with what runs beside it (GPU).
+
+A seeded request draws the same uniforms whatever else runs, so its tokens depend on the batch
+only through its logits. This decodes one row alone, with the three batch-1 Triton paths (fused
+LoRAs, one-launch norm + mix, one-launch WKV step: 1-4 rows) and without them, and the same row
+inside a batch of 11 (which takes the CUDA ops), from the same prompt and the same fed tokens,
+and prints per step the largest logit difference of that row: alone with the paths against alone
+without them, and each of them against the batched row. Where "paths - batch" is of the order
+of "no paths - batch", the batch-1 paths move the logits no more than the batch's other matrix
+shapes already do.
+
+    python bench/batch_drift.py --shape 4x256 --seed 3 --steps 16
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from albatross import cuda_ops, loras, norm_mix, wkv_decode
+from albatross.model import RWKV7
+from albatross.random_checkpoint import CheckpointShape, random_state_dict
+
+PATHS = (loras, norm_mix, wkv_decode)
+
+
+def decode(model: RWKV7, prompt: list[int], crowd: list[list[int]], fed: list[int], batch_paths: bool) -> list[torch.Tensor]:
+    """The target row's logits (fp32) at each fed token; `crowd` prompts run beside it if given."""
+    for path in PATHS:
+        path.set_fused_allowed(batch_paths)
+    try:
+        pool = model.new_pool(len(crowd) + 1, torch.float16)
+        slots = list(range(len(crowd) + 1))
+        model.forward(pool, slots, [prompt, *crowd])
+        out = []
+        for step, token in enumerate(fed):
+            others = [[(step * 7919 + 13 * slot) % 65000 + 1] for slot in slots[1:]]
+            logits = model.forward(pool, slots, [[token], *others])
+            out.append(logits[0].float())
+        return out
+    finally:
+        for path in PATHS:
+            path.set_fused_allowed(path.FUSED_BY_DEFAULT)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shape", default="4x256", help="LAYERSxWIDTH")
+    parser.add_argument("--seed", type=int, default=3)
+    parser.add_argument("--steps", type=int, default=16)
+    parser.add_argument("--device", default="cuda", help="cuda (cpu runs the ops' twins: a check of the script)")
+    args = parser.parse_args()
+    if args.device == "cuda":
+        cuda_ops.enable_cuda_kernels()
+    layers, width = (int(side) for side in args.shape.split("x"))
+    model = RWKV7.from_state_dict(random_state_dict(CheckpointShape(n_layer=layers, n_embd=width), seed=args.seed, device=args.device), args.device, torch.float16, progress=False)
+    gen = torch.Generator().manual_seed(9)
+    prompt = [11, 22, 33, 44, 55]
+    crowd = [torch.randint(1, 65530, (8,), generator=gen).tolist() for _ in range(10)]
+    fed = torch.randint(1, 65530, (args.steps,), generator=gen).tolist()
+    paths = decode(model, prompt, [], fed, batch_paths=True)
+    plain = decode(model, prompt, [], fed, batch_paths=False)
+    batched = decode(model, prompt, crowd, fed, batch_paths=True)
+    print(f"{args.shape} seed {args.seed}, fp16 weights and state; largest |logit difference| of the row, and its logits' std")
+    print(f"{'step':>4} {'paths - no paths':>17} {'paths - batch':>14} {'no paths - batch':>17} {'std':>7}")
+    for step, (a, b, c) in enumerate(zip(paths, plain, batched)):
+        print(f"{step:>4} {(a - b).abs().max().item():>17.2e} {(a - c).abs().max().item():>14.2e} {(b - c).abs().max().item():>17.2e} {c.std().item():>7.3f}")
+
+
+if __name__ == "__main__":
+    main()
