@@ -9,7 +9,7 @@
 #   VARIANT=gpu_scratch/variant bash backend-python/bench/kernel_ab_gpu_session.sh   (repository root; .whl/ carried)
 # $VARIANT is relative to the repository root and must travel (an untracked, not ignored folder).
 # Knobs: BASE=0, TESTS=0 or TESTS=variant, TEST_FILES, VARIANT_ENVS (settings that time the variant again, untested),
-# MODEL=0, SHAPE (7.2b), MODEL_ARGS (more bench_model.py flags, e.g. --gemv on,off
+# MODEL=0 (no model rows), FP16_MODEL=0 (the int8 model only), SHAPE (7.2b), MODEL_ARGS (more bench_model.py flags, e.g. --gemv on,off
 # --fused-lora on,off), INT8_ARGS (more bench_int8.py model flags, e.g. --fused-lora on,off). Output: $OUT/log.txt, and per side base-*/variant-* JSON.
 set -uo pipefail
 . "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
@@ -32,9 +32,11 @@ print({name: result.how for name, result in cuda_ops.enable_cuda_kernels().items
   fi
   timeout 240 python3 bench/bench_gemv.py --rows 1,2 --json "$OUT/$1-gemv.json" 2>&1 | tee -a "$log" | tail -14
   timeout 240 python3 bench/bench_int8.py kernels --rows 1,2 --only GEMV --json "$OUT/$1-int8.jsonl" 2>&1 | tee -a "$log" | tail -14
-  if [ "${MODEL:-1}" = 1 ]; then
+  if [ "${MODEL:-1}" = 1 ] && [ "${FP16_MODEL:-1}" = 1 ]; then
     timeout 300 python3 bench/bench_model.py --shape "${SHAPE:-7.2b}" --batches 1 --graph-batches 1 --fp16-graph-batches 1 \
         --steps 10 --skip-accuracy --wkv-chunked= ${MODEL_ARGS:-} --json "$OUT/$1-model.json" 2>&1 | tee -a "$log" | tail -8
+  fi
+  if [ "${MODEL:-1}" = 1 ]; then
     timeout 300 python3 bench/bench_int8.py model --shape "${SHAPE:-7.2b}" --cases decode1 --weights int8 ${INT8_ARGS:-} --json "$OUT/$1-int8-model.json" 2>&1 | tee -a "$log" | tail -8
   fi
 }
