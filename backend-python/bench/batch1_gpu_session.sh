@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# One device call for the batch-1 decode paths on the committed binaries (no variant): the loader
+# takes every library prebuilt with an empty JIT cache, the batch-1 Triton and PDL tests run twice
+# (a race shows as a run that differs), the 7.2B batch-1 graph rows are timed with each Triton path
+# on and off (fp16: bench_model.py; int8: bench_int8.py model, again with ALBATROSS_PDL=0), the
+# drift of one row's logits between batch 1 and a batch of 11 is printed (batch_drift.py), Nsight
+# Compute profiles the 4096 x 4096 products, and the whole GPU suite runs.
+#   bash backend-python/bench/batch1_gpu_session.sh        (repository root; .whl/ carried)
+# Knobs: MODEL_ARGS / INT8_ARGS (default: --fused-norm-mix on,off --fused-wkv on,off), DRIFT=0,
+# NCU=0, SUITE=0. Output: $OUT/log.txt, model.json, int8.json, int8-nopdl.json, ncu.txt, suite.log.
+set -uo pipefail
+. "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
+log="$OUT/log.txt"
+paths="--fused-norm-mix on,off --fused-wkv on,off"
+{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } 2>&1 | tee "$log"
+ALBATROSS_KERNEL_CACHE=/tmp/albatross-empty-cache python3 -c "
+import logging, os; logging.basicConfig(level=logging.INFO, format='%(name)s %(levelname)s %(message)s')
+from albatross import cuda_ops
+print({name: result.how for name, result in cuda_ops.enable_cuda_kernels().items()})
+print('JIT cache created:', os.path.exists('/tmp/albatross-empty-cache'))" 2>&1 | tee -a "$log"
+for run in 1 2; do
+  timeout 120 python3 -m pytest -q -p no:cacheprovider -m cuda tests/test_wkv_decode_cuda.py tests/test_norm_mix_cuda.py \
+      tests/test_lora_cuda.py tests/test_pdl_cuda.py -rf --tb=short 2>&1 | tail -6 | tee -a "$log"
+done
+timeout 240 python3 bench/bench_model.py --shape 7.2b --batches 1 --graph-batches 1 --fp16-graph-batches 1 --steps 10 \
+    --skip-accuracy --wkv-chunked= ${MODEL_ARGS:-$paths} --json "$OUT/model.json" 2>&1 | tail -8 | tee -a "$log"
+timeout 200 python3 bench/bench_int8.py model --shape 7.2b --cases decode1 --weights int8 ${INT8_ARGS:-$paths} \
+    --json "$OUT/int8.json" 2>&1 | tail -7 | tee -a "$log"
+ALBATROSS_PDL=0 timeout 150 python3 bench/bench_int8.py model --shape 7.2b --cases decode1 --weights int8 \
+    --json "$OUT/int8-nopdl.json" 2>&1 | tail -3 | tee -a "$log"
+if [ "${DRIFT:-1}" = 1 ]; then
+  timeout 90 python3 bench/batch_drift.py --shape 4x256 --seed 3 --steps 16 2>&1 | tee -a "$log"
+fi
+if [ "${NCU:-1}" = 1 ]; then
+  timeout 120 ncu --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats --section LaunchStats \
+      --section Occupancy -k regex:"gemv|gemm" --print-summary per-kernel python3 bench/ncu_small_products.py \
+      --shape 4096x4096 > "$OUT/ncu.txt" 2>&1
+  tail -3 "$OUT/ncu.txt" | tee -a "$log"
+fi
+if [ "${SUITE:-1}" = 1 ]; then
+  timeout 300 python3 -m pytest -q -p no:cacheprovider -m cuda -n 8 -rf --tb=short > "$OUT/suite.log" 2>&1
+  grep -E "^FAILED|passed|failed" "$OUT/suite.log" | tee -a "$log"
+fi
