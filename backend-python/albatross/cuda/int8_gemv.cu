@@ -22,6 +22,7 @@
 // mantissa byte of 2^23 (one byte permute), and 2^23 + 128 is subtracted (one add). Exact.
 
 #include "pdl.cuh"
+#include "split_k.cuh"
 
 namespace albatross {
 namespace {
@@ -161,19 +162,6 @@ __global__ void __launch_bounds__(kThreads) int8_gemv_kernel(const T* __restrict
   if (threadIdx.x == 0) *counter = 0;  // stream order makes the next call see zero
 }
 
-int multiprocessors(int device) {
-  // Written once per device with the same value by any thread that gets here first: a benign race.
-  static int cached[64] = {0};
-  if (device < 0 || device >= 64) return 132;
-  if (cached[device] == 0) {
-    int count = 0;
-    const cudaError_t error = cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device);
-    ALBATROSS_CHECK(error == cudaSuccess, "cudaDeviceGetAttribute failed: ", cudaGetErrorString(error));
-    cached[device] = count;
-  }
-  return cached[device];
-}
-
 // x [B, R, K] (or [R, K]), q [B, K, N] (or [K, N]) int8, scale [B, N] (or [N]) fp32 -> y [B, R, N] (or [R, N]).
 Tensor int8_gemv_cuda(const Tensor& x, const Tensor& q, const Tensor& scale, Tensor counters) {
   check_cuda(x, "x");
@@ -207,11 +195,7 @@ Tensor int8_gemv_cuda(const Tensor& x, const Tensor& q, const Tensor& scale, Ten
   ALBATROSS_CHECK(tiles * B <= counters.numel(), "counters holds ", counters.numel(), " tiles, this call needs ", tiles * B);
   const DeviceGuard guard(q.get_device_index());
   if (N == 0 || B == 0) return batched ? new_empty(x, {B, R, N}) : new_empty(x, {R, N});
-  // Enough blocks for every SM to have ~4 in flight, each split a multiple of kKStep rows and small
-  // enough for its x slice to fit in shared memory.
-  const int64_t want = (4 * multiprocessors(q.get_device_index()) + tiles * B - 1) / (tiles * B);
-  int64_t k_per_split = (K + std::max<int64_t>(want, 1) - 1) / std::max<int64_t>(want, 1);
-  k_per_split = std::min<int64_t>((k_per_split + kKStep - 1) / kKStep * kKStep, kMaxSplitK);
+  const int64_t k_per_split = split_rows(K, tiles * B, q.get_device_index(), kKStep, kMaxSplitK);
   const int64_t splits = (K + k_per_split - 1) / k_per_split;
   ALBATROSS_CHECK(splits <= 65535, "K too large for one launch");
 
