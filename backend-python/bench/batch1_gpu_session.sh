@@ -3,10 +3,11 @@
 # takes every library prebuilt with an empty JIT cache, the batch-1 Triton and PDL tests run twice
 # (a race shows as a run that differs), the 7.2B batch-1 graph rows are timed with each Triton path
 # on and off (fp16: bench_model.py; int8: bench_int8.py model, again with ALBATROSS_PDL=0), the
-# drift of one row's logits between batch 1 and a batch of 11 is printed (batch_drift.py), Nsight
-# Compute profiles the 4096 x 4096 products, and the whole GPU suite runs.
+# kernels of a captured step are profiled (int8 and fp16 weights), the drift of one row's logits
+# between batch 1 and a batch of 11 is printed (batch_drift.py), Nsight Compute profiles the
+# 4096 x 4096 products, and the whole GPU suite runs.
 #   bash backend-python/bench/batch1_gpu_session.sh        (repository root; .whl/ carried)
-# Knobs: MODEL_ARGS / INT8_ARGS (default: --fused-norm-mix on,off --fused-wkv on,off), DRIFT=0,
+# Knobs: MODEL_ARGS / INT8_ARGS (default: --fused-norm-mix on,off --fused-wkv on,off), PROFILE=0, DRIFT=0,
 # NCU=0, SUITE=0. Output: $OUT/log.txt, model.json, int8.json, int8-nopdl.json, ncu.txt, suite.log.
 set -uo pipefail
 . "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
@@ -28,6 +29,12 @@ timeout 200 python3 bench/bench_int8.py model --shape 7.2b --cases decode1 --wei
     --json "$OUT/int8.json" 2>&1 | tail -7 | tee -a "$log"
 ALBATROSS_PDL=0 timeout 150 python3 bench/bench_int8.py model --shape 7.2b --cases decode1 --weights int8 \
     --json "$OUT/int8-nopdl.json" 2>&1 | tail -3 | tee -a "$log"
+if [ "${PROFILE:-1}" = 1 ]; then  # where a captured batch-1 step's time goes, the defaults' paths, int8 then fp16
+  for weights in int8 fp16; do
+    timeout 150 python3 bench/bench_model.py --shape 7.2b --weights $weights --batches 1 --graph-batches= --fp16-graph-batches= \
+        --steps 2 --skip-accuracy --wkv-chunked= --profile-graph-batches 1 2>&1 | sed -n '/== profile/,/^$/p' | head -44 | tee -a "$log"
+  done
+fi
 if [ "${DRIFT:-1}" = 1 ]; then
   timeout 90 python3 bench/batch_drift.py --shape 4x256 --seed 3 --steps 16 2>&1 | tee -a "$log"
 fi
