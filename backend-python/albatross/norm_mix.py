@@ -1,17 +1,26 @@
 """A block's residual layer norm followed by its token-shift mixes: `add_layer_norm` then
-`shift_mix` (albatross/ops.py), or, for decode steps of 1-4 rows of fp16/bf16 on a GPU with
-`set_fused_allowed(True)`, `norm_mix_triton.norm_mix`: the same arithmetic in one launch instead
-of two, for batch-1 decode where both kernels are launch-bound (128 launches a 7.2B step).
+`shift_mix` (albatross/ops.py), or one of two one-launch forms of the same for decode rows (each
+row one slot's single token), where both kernels are launch-bound at batch 1 (128 launches a
+7.2B step):
 
-Off by default, though faster: on an H100 (7.2B, batch-1 CUDA graph, fused LoRAs on) it is worth
-about 3% on its own, and the two one-launch paths together took fp16 from 149-157 to 158-165
-tok/s and int8 from 202 to 219-221 (docs/performance.md, session 11; `bench/bench_model.py
---fused-norm-mix on,off`). But a row of 1-4 then rounds differently from the same row in a batch of 5 or
-more (as accurate against fp32, other fp16 roundings), and with both on the GPU test that a
-seeded request samples the same tokens alone and in a crowd failed once in three engine modes:
-the API promises the same output whatever else runs. Taking the kernel at every decode batch
-size, so that a row's arithmetic does not depend on the batch, is the way to have both; it
-waits for a batch-960 timing.
+- `ops.norm_mix_decode`, the CUDA kernel (fused.cu) that runs the two kernels' own device code in
+  one block per row: bit-identical to them, so it may serve every decode batch size without making
+  a row's result depend on its batch. With `set_op_allowed(True)` it takes every decode step on a
+  GPU whose fused library has it, when the rows are as the model's always are (a multiple of 8
+  channels, up to 8192, 16-byte aligned: what the two ops' vectorised kernels need). Off by
+  default until a GPU has shown the bit-identity and timed it (tests/test_norm_mix_decode_cuda.py,
+  `bench/bench_model.py --decode-ops on,off`).
+- `norm_mix_triton.norm_mix`, for 1-4 rows of fp16/bf16 with `set_fused_allowed(True)`: the same
+  arithmetic in Triton, rounded differently.
+
+The Triton form is off by default, though faster: on an H100 (7.2B, batch-1 CUDA graph, fused
+LoRAs on) it is worth about 3% on its own, and with the one-launch WKV step it took fp16 from
+149-157 to 158-165 tok/s and int8 from 202 to 219-221 (docs/performance.md, session 11;
+`bench/bench_model.py --fused-norm-mix on,off`). But a row of 1-4 then rounds differently from
+the same row in a batch of 5 or more (as accurate against fp32, other fp16 roundings), and with
+both on, the GPU test that a seeded request samples the same tokens alone and in a crowd failed
+once in three engine modes: the API promises the same output whatever else runs. The CUDA form
+is the way to have both.
 """
 
 from __future__ import annotations
@@ -23,6 +32,26 @@ from albatross.triton_paths import TritonPath
 
 FUSED_BY_DEFAULT = False
 _PATH = TritonPath(FUSED_BY_DEFAULT)
+OP_BY_DEFAULT = False
+_OP = ops.CudaOpSwitch("norm_mix_decode", OP_BY_DEFAULT)
+_VEC = 8  # channels a thread moves in one 16-byte access
+_MAX_C = 8192  # a row in registers: add_layer_norm's limit
+
+
+def set_op_allowed(allowed: bool) -> None:
+    """Let decode steps on a GPU take the CUDA `norm_mix_decode` op (benchmarks and tests compare)."""
+    _OP.set_allowed(allowed)
+
+
+def op_applies(x: torch.Tensor, delta: torch.Tensor | None, operands: tuple[torch.Tensor, ...], batch: ops.FlatBatch) -> bool:
+    """A decode step on a GPU whose fused library registered the op, with rows the two ops would
+    give their vectorised kernels (so the op matches those): C a multiple of 8 up to 8192, and
+    x, delta and `operands` (weight, bias, shift state, coefficients) 16-byte aligned."""
+    if not (batch.single_token and x.is_cuda and x.shape[1] % _VEC == 0 and x.shape[1] <= _MAX_C and _OP.usable()):
+        return False
+    shift = operands[2]
+    aligned = all(t.data_ptr() % 16 == 0 for t in (x, *operands, *((delta,) if delta is not None else ())))
+    return aligned and shift.stride(0) % _VEC == 0
 
 
 def set_fused_allowed(allowed: bool) -> None:
@@ -46,6 +75,8 @@ def norm_mix(
     """`x += delta` in place (when given), then the token-shift mixes of `layer_norm(x)`:
     `[K, T, C]` for coefficients `[K, C]`, `[T, C]` for a vector; each slot's shift vector becomes
     its last row's norm."""
+    if op_applies(x, delta, (weight, bias, shift_state, coefficients), batch):
+        return ops.norm_mix_decode(x, delta, weight, bias, shift_state, batch.slot_idx, coefficients, ops.LAYER_NORM_EPS)
     if fused_applies(x, batch):
         from albatross import norm_mix_triton
 

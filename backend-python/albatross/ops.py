@@ -19,7 +19,7 @@ state lives at index `slot_idx[s]` of a `[B, ...]` pool tensor (both int32 on th
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -100,6 +100,32 @@ def declared_ops() -> tuple[str, ...]:
 def registered_cuda_ops() -> tuple[str, ...]:
     """The declared ops for which a loaded kernel library registered a CUDA kernel."""
     return tuple(name for name in declared_ops() if torch._C._dispatch_has_kernel_for_dispatch_key(f"{NAMESPACE}::{name}", "CUDA"))
+
+
+@dataclass(slots=True)
+class CudaOpSwitch:
+    """Whether calls may take op `name`'s CUDA kernel, for an op that a module uses in place of
+    others where it applies: allowed (`default` until `set_allowed`; benchmarks and tests compare)
+    and registered by a loaded library. A loaded kernel stays registered, so True is remembered;
+    until then each call asks the dispatcher."""
+
+    name: str
+    default: bool
+    allowed: bool = field(init=False)
+    _loaded: bool = field(init=False, default=False)
+
+    def __post_init__(self) -> None:
+        self.allowed = self.default
+
+    def set_allowed(self, allowed: bool) -> None:
+        self.allowed = allowed
+
+    def usable(self) -> bool:
+        if not self.allowed:
+            return False
+        if not self._loaded:
+            self._loaded = torch._C._dispatch_has_kernel_for_dispatch_key(f"{NAMESPACE}::{self.name}", "CUDA")
+        return self._loaded
 
 
 # ----------------------------------------------------------------------------------------------
@@ -205,6 +231,30 @@ shift_mix = _declare(
 )
 
 
+def norm_mix_decode_torch(
+    x: torch.Tensor,
+    delta: torch.Tensor | None,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    shift_state: torch.Tensor,
+    slot_idx: torch.Tensor,
+    coefficients: torch.Tensor,
+    eps: float = LAYER_NORM_EPS,
+) -> torch.Tensor:
+    """`add_layer_norm` then `shift_mix` for decode rows (row t is slot `slot_idx[t]`'s single
+    token), as the CUDA kernel computes them in one launch (bit-identical to the two ops' kernels)."""
+    h = add_layer_norm(x, delta, weight, bias, eps)
+    decode_cu = torch.arange(x.shape[0] + 1, dtype=torch.int32, device=x.device)
+    return shift_mix(h, shift_state, slot_idx, decode_cu, coefficients)
+
+
+norm_mix_decode = _declare(
+    "norm_mix_decode(Tensor(a!) x, Tensor? delta, Tensor weight, Tensor bias, Tensor(b!) shift_state, Tensor slot_idx, "
+    f"Tensor coefficients, float eps={LAYER_NORM_EPS}) -> Tensor",
+    norm_mix_decode_torch,
+)
+
+
 def wkv_prep_torch(
     k: torch.Tensor,
     v: torch.Tensor,
@@ -267,6 +317,44 @@ gn_bonus_gate = _declare(
     "gn_bonus_gate(Tensor y, Tensor r, Tensor k, Tensor v, Tensor g, Tensor r_k, Tensor weight, Tensor bias, "
     f"float eps={GROUP_NORM_EPS}) -> Tensor",
     gn_bonus_gate_torch,
+)
+
+
+def wkv_decode_step_torch(
+    state: torch.Tensor,
+    slot_idx: torch.Tensor,
+    r: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    w_lora: torch.Tensor,
+    a_lora: torch.Tensor,
+    v_lora: torch.Tensor | None,
+    v_first: torch.Tensor | None,
+    w0: torch.Tensor,
+    a0: torch.Tensor,
+    v0: torch.Tensor | None,
+    k_k: torch.Tensor,
+    k_a: torch.Tensor,
+    r_k: torch.Tensor,
+    ln_w: torch.Tensor,
+    ln_b: torch.Tensor,
+    eps: float = GROUP_NORM_EPS,
+) -> torch.Tensor:
+    """A block's WKV step for decode rows (row s is slot `slot_idx[s]`'s single token): `wkv_prep`,
+    the WKV op and `gn_bonus_gate`, one after the other, as the CUDA kernel computes them in one
+    launch (bit-identical to these three ops' kernels). k and v are updated in place."""
+    w, a, b = wkv_prep(k, v, w_lora, a_lora, v_lora, v_first, w0, a0, v0, k_k, k_a)
+    decode_cu = torch.arange(r.shape[0] + 1, dtype=torch.int32, device=r.device)
+    y = wkv7(state, slot_idx, decode_cu, r, w, k, v, a, b, True)
+    return gn_bonus_gate(y, r, k, v, g, r_k, ln_w, ln_b, eps)
+
+
+wkv_decode_step = _declare(
+    "wkv_decode_step(Tensor(a!) state, Tensor slot_idx, Tensor r, Tensor(b!) k, Tensor(c!) v, Tensor g, Tensor w_lora, "
+    "Tensor a_lora, Tensor? v_lora, Tensor? v_first, Tensor w0, Tensor a0, Tensor? v0, Tensor k_k, Tensor k_a, "
+    f"Tensor r_k, Tensor ln_w, Tensor ln_b, float eps={GROUP_NORM_EPS}) -> Tensor",
+    wkv_decode_step_torch,
 )
 
 

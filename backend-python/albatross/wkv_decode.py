@@ -1,17 +1,23 @@
-"""A block's WKV step: `wkv_prep`, the WKV op (by `wkv_dispatch`) and `gn_bonus_gate`, or, for
-decode steps of 1-4 rows of fp16/bf16 on a GPU with `set_fused_allowed(True)`,
-`wkv_decode_triton.prep_wkv_gate`: the same arithmetic in one launch instead of three, for
-batch-1 decode where each is launch-bound (64 launches fewer a 7.2B step).
+"""A block's WKV step: `wkv_prep`, the WKV op (by `wkv_dispatch`) and `gn_bonus_gate`, or one of
+two one-launch forms of the same step for decode rows (each row one slot's single token):
 
-Off by default, though faster: on an H100 (7.2B, batch-1 CUDA graph, fused LoRAs on) it is worth
-about 3% on its own, and the two one-launch paths together took fp16 from 149-157 to 158-165
-tok/s and int8 from 202 to 219-221 (docs/performance.md, session 11; `bench/bench_model.py
---fused-wkv on,off`). But a row of 1-4 then rounds differently from the same row in a batch of 5 or
-more (as accurate against fp32, other fp16 roundings), and with both on the GPU test that a
-seeded request samples the same tokens alone and in a crowd failed once in three engine modes:
-the API promises the same output whatever else runs. Taking the kernel at every decode batch
-size, so that a row's arithmetic does not depend on the batch, is the way to have both; it
-waits for a batch-960 timing.
+- `ops.wkv_decode_step`, the CUDA kernel (fused.cu) that runs the three kernels' own device code in
+  one block per (row, head): bit-identical to the three ops, so it may serve every decode batch
+  size without making a row's result depend on its batch. With `set_step_op_allowed(True)` it
+  takes every decode step on a GPU whose fused library has it. Off by default until a GPU has
+  shown the bit-identity and timed it (tests/test_wkv_decode_step_cuda.py, `bench/bench_model.py
+  --decode-ops on,off`, which switches norm_mix's CUDA op with it).
+- `wkv_decode_triton.prep_wkv_gate`, for 1-4 rows of fp16/bf16 with `set_fused_allowed(True)`:
+  the same arithmetic in Triton, rounded differently (below).
+
+The Triton form is off by default, though faster: on an H100 (7.2B, batch-1 CUDA graph, fused
+LoRAs on) it is worth about 3% on its own, and with the one-launch norm + mix it took fp16 from
+149-157 to 158-165 tok/s and int8 from 202 to 219-221 (docs/performance.md, session 11;
+`bench/bench_model.py --fused-wkv on,off`). But a row of 1-4 then rounds differently from the
+same row in a batch of 5 or more (as accurate against fp32, other fp16 roundings), and with both
+on, the GPU test that a seeded request samples the same tokens alone and in a crowd failed once
+in three engine modes: the API promises the same output whatever else runs. The CUDA form is the
+way to have both.
 """
 
 from __future__ import annotations
@@ -25,6 +31,20 @@ from albatross.triton_paths import TritonPath
 
 FUSED_BY_DEFAULT = False
 _PATH = TritonPath(FUSED_BY_DEFAULT)
+
+
+STEP_OP_BY_DEFAULT = False
+_STEP_OP = ops.CudaOpSwitch("wkv_decode_step", STEP_OP_BY_DEFAULT)
+
+
+def set_step_op_allowed(allowed: bool) -> None:
+    """Let decode steps on a GPU take the CUDA `wkv_decode_step` op (benchmarks and tests compare)."""
+    _STEP_OP.set_allowed(allowed)
+
+
+def step_op_applies(k: torch.Tensor, batch: ops.FlatBatch) -> bool:
+    """A decode step on a GPU whose fused library registered the op, with the op allowed."""
+    return batch.single_token and k.is_cuda and _STEP_OP.usable()
 
 
 def set_fused_allowed(allowed: bool) -> None:
@@ -63,6 +83,14 @@ def prep_wkv_gate(
     (value, decay, in-context rate) LoRA outputs; k and v (blocks 1+) are updated in place as
     `wkv_prep` does, and the slots' WKV states advance. The value LoRA, `v_first` and `weights.v0`
     are None in block 0, which has no value residual."""
+    if step_op_applies(rkv[1], batch):
+        r, k, v = rkv
+        v_lora, w_lora, a_lora = loras
+        w = weights
+        return ops.wkv_decode_step(
+            state, batch.slot_idx, r, k, v, g, w_lora, a_lora, v_lora, v_first, w.w0, w.a0, w.v0, w.k_k, w.k_a, w.r_k,
+            w.ln_weight, w.ln_bias, ops.GROUP_NORM_EPS,
+        )
     if fused_applies(rkv[1], batch):
         from albatross import wkv_decode_triton
 

@@ -400,6 +400,7 @@ def _run_every_op(t: dict[str, torch.Tensor], batch: sampler.SamplingBatch, call
     """One call of each declared op on `t` (updated in place as the ops do); returns the outputs."""
     out = [ops.add_layer_norm(t["x"], t["delta"], t["weight"], t["bias"])]
     out.append(ops.shift_mix(t["x"], t["shift"], t["slot_idx"], t["cu_seqlens"], t["mixes"]))
+    out.append(ops.norm_mix_decode(t["x"][:3], t["delta"][:3], t["weight"], t["bias"], t["shift"], t["slot_idx"], t["mixes"]))
     w, a, b = ops.wkv_prep(
         t["k"], t["v"], t["w_lora"], t["a_lora"], t["v_lora"], t["v_first"], t["w0"], t["a0"], t["v0"], t["k_k"], t["k_a"]
     )
@@ -407,12 +408,14 @@ def _run_every_op(t: dict[str, torch.Tensor], batch: sampler.SamplingBatch, call
     rows = [t["x"][:3], w[:3], t["k"][:3], t["v"][:3], a[:3], b[:3]]
     decode = ops.wkv7(t["state"], t["slot_idx"], t["decode_cu"], *rows, single_token=True)
     out += [w, a, b, y, decode, ops.gn_bonus_gate(y, t["x"], t["k"], t["v"], t["g"], t["k_k"], t["weight"], t["bias"])]
+    three = [t[name][:3] for name in ("x", "k", "v", "g", "w_lora", "a_lora", "v_lora", "v_first")]
+    out.append(ops.wkv_decode_step(t["state"], t["slot_idx"], *three, t["w0"], t["a0"], t["v0"], t["k_k"], t["k_a"], t["k_k"], t["weight"], t["bias"]))
     out.append(ops.relu_square(t["delta"]))
     pool = sampler.PenaltyPool.wrap(t["penalties"], t["seen"])
     out.append(ops.sample(t["logits"] + y[:3, :1].float(), t["slot_idx"].long(), batch, pool))
     out.append(ops.gemv(t["x"][:3], t["matrix"], t["counters"]))
     out.append(ops.int8_gemv(t["x"][:3], t["q"], t["scale"], t["counters"]))
-    called.update({"add_layer_norm", "shift_mix", "wkv_prep", "wkv7", "gn_bonus_gate", "relu_square", "sample", "gemv", "int8_gemv"})
+    called.update({"add_layer_norm", "shift_mix", "norm_mix_decode", "wkv_prep", "wkv7", "gn_bonus_gate", "wkv_decode_step", "relu_square", "sample", "gemv", "int8_gemv"})
     return out
 
 

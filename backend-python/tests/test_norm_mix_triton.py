@@ -70,3 +70,20 @@ def test_the_dispatch_gives_the_two_ops_result_on_the_cpu() -> None:
     got = norm_mix.norm_mix(x, delta, weight, bias, shift, batch, coefficients)
     assert torch.equal(got, want) and torch.equal(x, want_x) and torch.equal(shift, want_shift)
     assert torch.equal(shift[1], h[1]) and torch.equal(shift[3], h[0]), "each slot keeps its row's norm"
+
+
+def test_the_cuda_op_applies_only_to_decode_rows_on_a_gpu_when_allowed() -> None:
+    x = torch.randn(2, 128, dtype=torch.float16)
+    operands = (torch.ones(128, dtype=torch.float16), torch.zeros(128, dtype=torch.float16), torch.zeros(4, 128, dtype=torch.float16), torch.rand(6, 128).half())
+    decode = ops.FlatBatch.build([0, 1], [1, 1], torch.device("cpu"))
+    norm_mix.set_op_allowed(True)
+    try:
+        assert not norm_mix.op_applies(x, None, operands, decode), "a CPU tensor takes the two ops"
+        if torch.cuda.is_available():
+            gpu = x.cuda()
+            loaded = "norm_mix_decode" in ops.registered_cuda_ops()
+            on_gpu = tuple(t.cuda() for t in operands)
+            assert norm_mix.op_applies(gpu, None, on_gpu, ops.FlatBatch.build([0, 1], [1, 1], gpu.device)) == loaded
+            assert not norm_mix.op_applies(gpu, None, on_gpu, ops.FlatBatch.build([0], [2], gpu.device)), "a prefill row"
+    finally:
+        norm_mix.set_op_allowed(norm_mix.OP_BY_DEFAULT)

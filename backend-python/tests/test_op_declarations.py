@@ -65,11 +65,21 @@ def _cases(gen: torch.Generator) -> dict[str, list[tuple[tuple[object, ...], tup
         "wkv7": [_wkv7_case(gen)],
         "add_layer_norm": [((x, delta, weight, bias), (0,)), ((x, None, weight, bias), (0,))],
         "shift_mix": [((x, _randn(gen, 4, C), slots, cu, _randn(gen, 6, C)), (1,)), ((x, _randn(gen, 4, C), slots, cu, w0), (1,))],
+        "norm_mix_decode": [
+            ((x[:3], delta[:3], weight, bias, _randn(gen, 4, C), slots, _randn(gen, 6, C)), (0, 4)),
+            ((x[:3], None, weight, bias, _randn(gen, 4, C), slots, w0), (0, 4)),
+        ],
         "wkv_prep": [
             ((k, v, w_lora, a_lora, None, None, w0, a0, None, k_k, k_a), (0, 1)),
             ((k, v, w_lora, a_lora, v_lora, v_first, w0, a0, v0, k_k, k_a), (0, 1)),
         ],
         "gn_bonus_gate": [((x, k, v, w_lora, a_lora, k_k, weight, bias), ())],
+        "wkv_decode_step": [
+            ((_randn(gen, 4, 2, N, N, scale=0.1), slots, x[:3], k[:3], v[:3], delta[:3], w_lora[:3], a_lora[:3], None, None,
+              w0, a0, None, k_k, k_a, weight, bias, w0), (0, 3, 4)),
+            ((_randn(gen, 4, 2, N, N, scale=0.1), slots, x[:3], k[:3], v[:3], delta[:3], w_lora[:3], a_lora[:3], v_lora[:3],
+              v_first[:3], w0, a0, v0, k_k, k_a, weight, bias, w0), (0, 3, 4)),
+        ],
         "relu_square": [((x,), ())],
         "int8_gemv": [
             ((x[:3], torch.randint(-127, 128, (C, 48), generator=gen, dtype=torch.int8), torch.rand(48, generator=gen),

@@ -50,3 +50,18 @@ def test_the_three_ops_serve_where_the_kernel_does_not_apply() -> None:
             assert not wkv_decode.fused_applies(gpu.float(), ops.FlatBatch.build([0, 1], [1, 1], gpu.device)), "fp32"
     finally:
         wkv_decode.set_fused_allowed(wkv_decode.FUSED_BY_DEFAULT)
+
+
+def test_the_cuda_step_op_applies_only_to_decode_rows_on_a_gpu_when_allowed() -> None:
+    k = torch.randn(2, 128, dtype=torch.float16)
+    decode = ops.FlatBatch.build([0, 1], [1, 1], torch.device("cpu"))
+    wkv_decode.set_step_op_allowed(True)
+    try:
+        assert not wkv_decode.step_op_applies(k, decode), "a CPU tensor takes the three ops"
+        if torch.cuda.is_available():
+            gpu = k.cuda()
+            loaded = "wkv_decode_step" in ops.registered_cuda_ops()
+            assert wkv_decode.step_op_applies(gpu, ops.FlatBatch.build([0, 1], [1, 1], gpu.device)) == loaded
+            assert not wkv_decode.step_op_applies(gpu, ops.FlatBatch.build([0], [2], gpu.device)), "a prefill row"
+    finally:
+        wkv_decode.set_step_op_allowed(wkv_decode.STEP_OP_BY_DEFAULT)

@@ -9,12 +9,10 @@
 //             y = S @ r
 // Math is fp32; the state is stored as fp32 (default) or 16-bit, the activations in any float type.
 
-#include "common.cuh"
+#include "wkv_decode.cuh"
 
 namespace albatross {
 namespace {
-
-constexpr int N = 64;  // head size
 
 template <typename act_t>
 struct WkvInputs {
@@ -49,12 +47,6 @@ __device__ __forceinline__ void store_tile(state_t* __restrict__ dst, float (*ti
     for (int q = 0; q < VEC; ++q) vals[q] = from_float<state_t>(tile[row][col + q]);
     __stcs(vdst + c, raw);
   }
-}
-
-// One state entry's update, with the rounding fixed by explicit FMAs: both kernels use it, so a
-// decode row gives bit-identical results whichever kernel runs it.
-__device__ __forceinline__ float update(float s, float decay, float sa, float b, float v, float k) {
-  return fmaf(s, decay, fmaf(sa, b, v * k));
 }
 
 template <typename act_t, typename state_t>
@@ -131,92 +123,26 @@ __global__ void __launch_bounds__(N) wkv7_kernel(state_t* __restrict__ state, co
   store_tile(S, tile);
 }
 
-// 16 bytes global -> shared without holding registers while in flight (cp.async, sm80+); older
-// chips (and HIP) take a plain copy, made visible by the barrier that follows the wait.
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem));
-#else
-  *reinterpret_cast<uint4*>(smem) = __ldcs(reinterpret_cast<const uint4*>(gmem));
-#endif
-}
-
-__device__ __forceinline__ void cp_async_wait_all() {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
-  asm volatile("cp.async.wait_all;\n" ::: "memory");
-#endif
-}
-
-// Decode: one token per slot (row s of the inputs belongs to slot_idx[s]). Bound by the state's
-// traffic, so it is built for bytes in flight: the whole tile is requested at once with cp.async
-// (no registers held while it is in flight), the tile stays in its storage type in shared memory,
-// and a thread keeps only partial sums, not its row, so many blocks fit on an SM. Rows are padded
-// by 16 bytes: thread i reading 16-byte chunk c of its row i then hits distinct banks within each
-// quarter warp. Same arithmetic, in the same order, as wkv7_kernel.
+// Decode: one token per slot (row s of the inputs belongs to slot_idx[s]), the pieces of
+// wkv_decode.cuh. Same arithmetic, in the same order, as wkv7_kernel.
 template <typename act_t, typename state_t>
 __global__ void __launch_bounds__(N, 16) wkv7_decode_kernel(state_t* __restrict__ state, const int* __restrict__ slot_idx,
                                                         const WkvInputs<act_t> in, act_t* __restrict__ y,
                                                         const int64_t y_stride, const int H) {
-  constexpr int VEC = 16 / sizeof(state_t);  // state entries per 16-byte chunk
-  constexpr int CHUNKS = N / VEC;            // chunks per row
-  constexpr int ROW = N + VEC;               // padded row length (entries)
   const int s = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
   state_t* S = state + ((int64_t)slot_idx[s] * H + h) * (N * N);
 
-  __shared__ __align__(16) state_t tile[N * ROW];
+  __shared__ __align__(16) state_t tile[N * DecodeTile<state_t>::ROW];
   __shared__ __align__(16) float vec[5][N];  // r, decay, k, a, b
 
-#pragma unroll
-  for (int q = 0; q < CHUNKS; ++q) {
-    const int c = i + N * q;
-    cp_async16(tile + (c / CHUNKS) * ROW + (c % CHUNKS) * VEC, S + (int64_t)c * VEC);
-  }
+  decode_fetch(S, tile, i);
   const int col = h * N + i;
   float x[6];
 #pragma unroll
   for (int q = 0; q < 6; ++q) x[q] = to_float(in.ptr[q][(int64_t)s * in.stride[q] + col]);
-  vec[0][i] = x[0];
-  vec[1][i] = expf(-expf(x[1]));
-  vec[2][i] = x[2];
-  vec[3][i] = x[4];
-  vec[4][i] = x[5];
-  const float vi = x[3];
-  cp_async_wait_all();
-  __syncthreads();
-
-  state_t* row = tile + i * ROW;
-  float sa[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 2
-  for (int c = 0; c < CHUNKS; ++c) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(row + c * VEC);
-    const state_t* vals = reinterpret_cast<const state_t*>(&raw);
-#pragma unroll
-    for (int q = 0; q < VEC; ++q) sa[q % 4] = fmaf(to_float(vals[q]), vec[3][c * VEC + q], sa[q % 4]);
-  }
-  const float sav = (sa[0] + sa[1]) + (sa[2] + sa[3]);
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll 2
-  for (int c = 0; c < CHUNKS; ++c) {
-    uint4 raw = *reinterpret_cast<const uint4*>(row + c * VEC);
-    state_t* vals = reinterpret_cast<state_t*>(&raw);
-#pragma unroll
-    for (int q = 0; q < VEC; ++q) {
-      const int j = c * VEC + q;
-      const float next = update(to_float(vals[q]), vec[1][j], sav, vec[4][j], vi, vec[2][j]);
-      acc[q % 4] = fmaf(next, vec[0][j], acc[q % 4]);
-      vals[q] = from_float<state_t>(next);
-    }
-    *reinterpret_cast<uint4*>(row + c * VEC) = raw;  // own row: no other thread reads it before the barrier
-  }
-  y[(int64_t)s * y_stride + col] = from_float<act_t>((acc[0] + acc[1]) + (acc[2] + acc[3]));
-  __syncthreads();
-  uint4* out = reinterpret_cast<uint4*>(S);
-#pragma unroll
-  for (int q = 0; q < CHUNKS; ++q) {
-    const int c = i + N * q;
-    __stcs(out + c, *reinterpret_cast<const uint4*>(tile + (c / CHUNKS) * ROW + (c % CHUNKS) * VEC));
-  }
+  const float yi = decode_update(tile, vec, x, i);
+  y[(int64_t)s * y_stride + col] = from_float<act_t>(yi);
+  decode_store(S, tile, i);
 }
 
 Tensor wkv7_cuda(Tensor state, const Tensor& slot_idx, const Tensor& cu_seqlens, const Tensor& r, const Tensor& w,
