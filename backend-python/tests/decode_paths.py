@@ -1,10 +1,12 @@
-"""Decode a small random model with some batch-1 Triton paths on and then off, eagerly and from
-CUDA graphs, and check that the logits agree (shared by test_norm_mix_cuda.py and
-test_wkv_decode_cuda.py; needs a GPU)."""
+"""GPU checks shared by the decode-path tests: a small random model decoded with some batch-1
+Triton paths on and then off, eagerly and from CUDA graphs, whose logits must agree
+(test_norm_mix_cuda.py, test_wkv_decode_cuda.py); the same with the CUDA decode ops, bit for bit
+(test_norm_mix_decode_cuda.py, test_wkv_decode_step_cuda.py); and an op's CUDA graph replay
+against its eager call (those two)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import ModuleType
 
 import torch
@@ -35,3 +37,54 @@ def assert_decode_matches_without(paths: Sequence[ModuleType]) -> None:
     for got, expected in [*zip(*eager), *zip(*graphed)]:
         rel = ((got - expected).norm() / expected.norm()).item()
         assert rel < 1e-2, f"logits relative difference {rel:.2e}"
+
+
+def assert_decode_identical(allow: Callable[[bool], None], seed: int) -> None:
+    """Decode with `allow(True)` and then `allow(False)` (the caller's switches, which it restores):
+    logits eager and from graphs, at batches of 2 and 6, and the states must be bit-identical."""
+    from albatross.model import RWKV7
+
+    model = RWKV7.from_state_dict(random_state_dict(CheckpointShape(n_layer=3, n_embd=256), seed=seed, device="cuda"), "cuda", progress=False)
+    results = []
+    for allowed in (True, False):
+        allow(allowed)
+        pool = model.new_pool(8, torch.float16)
+        slots = [0, 2, 3, 4, 5, 6]
+        model.forward(pool, slots, [[11 + s, 12, 13][: 1 + s % 3] for s in slots])
+        sizes = [2 + 4 * (i % 2) for i in range(4)]
+        eager = [model.forward(pool, slots[:n], [[21 + i + s] for s in slots[:n]]) for i, n in enumerate(sizes)]
+        runner = DecodeGraphRunner(model, pool, scratch_slot=7, buckets=(2, 8))
+        ids = torch.tensor(slots, device="cuda")
+        graphed = [runner.decode(ids[:n], torch.arange(n, device="cuda") + 41 + i).clone() for i, n in enumerate(sizes)]
+        results.append((eager, graphed, [pool.att_shift.clone(), pool.ffn_shift.clone(), pool.wkv.clone()]))
+    on, off = results
+    assert all(torch.equal(a, b) for a, b in zip(on[0], off[0])), "eager logits differ"
+    assert all(torch.equal(a, b) for a, b in zip(on[1], off[1])), "graph logits differ"
+    assert all(torch.equal(a, b) for a, b in zip(on[2], off[2])), "the states differ"
+
+
+def assert_graph_replays(op: Callable[[dict[str, object]], torch.Tensor], operands: dict[str, object], updated: Sequence[str]) -> None:
+    """`op(operands)` captured in a CUDA graph and replayed from the same inputs gives what an eager
+    call gives: its output and the operands it updates in place (`updated`)."""
+
+    def fresh() -> dict[str, object]:
+        return {name: t.clone() if isinstance(t, torch.Tensor) else t for name, t in operands.items()}
+
+    eager = fresh()
+    want = op(eager)
+    static = fresh()
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        op(fresh())  # warm-up
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = op(static)
+    for name in updated:
+        static[name].copy_(operands[name])  # type: ignore[attr-defined]
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, want), "the replay's output differs from eager"
+    for name in updated:
+        assert torch.equal(static[name], eager[name]), f"{name}, updated in place, differs between replay and eager"  # type: ignore[arg-type]

@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from albatross import cuda_ops, norm_mix, ops, wkv_decode
-from albatross.cuda_graphs import DecodeGraphRunner
-from albatross.random_checkpoint import CheckpointShape, random_state_dict
+from decode_paths import assert_decode_identical, assert_graph_replays
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
@@ -79,23 +78,10 @@ def test_the_7b_width_is_bit_identical_at_batch_1_to_960(rows: int) -> None:
 def test_untouched_slots_stay_as_they_were_and_a_graph_replays_the_op() -> None:
     o = _operands(5, 512, True, 6, torch.float16, seed=3)
     eager = _fresh(o)
-    want = _op(eager)
+    _op(eager)
     untouched = [s for s in range(o["shift_state"].shape[0]) if s not in o["slot_idx"].tolist()]  # type: ignore[attr-defined]
     assert untouched and torch.equal(eager["shift_state"][untouched], o["shift_state"][untouched])  # type: ignore[index]
-    static = _fresh(o)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        _op(_fresh(o))  # warm-up
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = _op(static)
-    for name in ("x", "shift_state"):
-        static[name].copy_(o[name])  # type: ignore[attr-defined]
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, want) and all(torch.equal(static[n], eager[n]) for n in ("x", "shift_state"))  # type: ignore[arg-type]
+    assert_graph_replays(_op, o, ("x", "shift_state"))
 
 
 def test_the_dispatch_takes_the_op_only_where_the_two_ops_would_vectorise() -> None:
@@ -113,29 +99,15 @@ def test_the_dispatch_takes_the_op_only_where_the_two_ops_would_vectorise() -> N
 
 
 def test_decode_through_both_cuda_decode_ops_gives_the_same_logits_bit_for_bit() -> None:
-    from albatross.model import RWKV7
-
-    model = RWKV7.from_state_dict(random_state_dict(CheckpointShape(n_layer=3, n_embd=256), seed=6, device=DEV), DEV, progress=False)
-    results = []
-    for allowed in (True, False):
+    def allow(allowed: bool) -> None:
         norm_mix.set_op_allowed(allowed)
         wkv_decode.set_step_op_allowed(allowed)
-        try:
-            pool = model.new_pool(8, torch.float16)
-            slots = [0, 2, 3, 4, 5, 6]
-            model.forward(pool, slots, [[11 + s, 12, 13][: 1 + s % 3] for s in slots])
-            eager = [model.forward(pool, slots[: 2 + 4 * (i % 2)], [[21 + i + s] for s in slots[: 2 + 4 * (i % 2)]]) for i in range(4)]
-            runner = DecodeGraphRunner(model, pool, scratch_slot=7, buckets=(2, 8))
-            ids = torch.tensor(slots, device=DEV)
-            graphed = [runner.decode(ids[: 2 + 4 * (i % 2)], torch.arange(2 + 4 * (i % 2), device=DEV) + 41 + i).clone() for i in range(4)]
-            results.append((eager, graphed, pool.att_shift.clone(), pool.ffn_shift.clone(), pool.wkv.clone()))
-        finally:
-            norm_mix.set_op_allowed(norm_mix.OP_BY_DEFAULT)
-            wkv_decode.set_step_op_allowed(wkv_decode.STEP_OP_BY_DEFAULT)
-    on, off = results
-    assert all(torch.equal(a, b) for a, b in zip(on[0], off[0])), "eager logits differ with the ops"
-    assert all(torch.equal(a, b) for a, b in zip(on[1], off[1])), "graph logits differ with the ops"
-    assert all(torch.equal(a, b) for a, b in zip(on[2:], off[2:])), "the states differ with the ops"
+
+    try:
+        assert_decode_identical(allow, seed=6)
+    finally:
+        norm_mix.set_op_allowed(norm_mix.OP_BY_DEFAULT)
+        wkv_decode.set_step_op_allowed(wkv_decode.STEP_OP_BY_DEFAULT)
 
 
 @pytest.mark.parametrize(

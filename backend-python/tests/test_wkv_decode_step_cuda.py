@@ -10,8 +10,7 @@ import pytest
 import torch
 
 from albatross import cuda_ops, ops, wkv_decode
-from albatross.cuda_graphs import DecodeGraphRunner
-from albatross.random_checkpoint import CheckpointShape, random_state_dict
+from decode_paths import assert_decode_identical, assert_graph_replays
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
@@ -92,49 +91,19 @@ def test_the_7b_width_is_bit_identical_at_batch_1_to_960(rows: int) -> None:
 def test_untouched_slots_stay_as_they_were_and_a_graph_replays_the_step() -> None:
     o = _operands(5, 2, False, torch.float16, torch.float16, seed=3)
     eager = _fresh(o)
-    want = _step(eager)
+    _step(eager)
     untouched = [s for s in range(o["state"].shape[0]) if s not in o["slot_idx"].tolist()]  # type: ignore[attr-defined]
     assert untouched and torch.equal(eager["state"][untouched], o["state"][untouched])  # type: ignore[index]
-    static = _fresh(o)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        _step(_fresh(o))  # warm-up
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = _step(static)
-    for name in ("state", "k", "v"):
-        static[name].copy_(o[name])  # type: ignore[attr-defined]
-    graph.replay()
-    torch.cuda.synchronize()
-    assert torch.equal(out, want) and all(torch.equal(static[n], eager[n]) for n in ("state", "k", "v"))  # type: ignore[arg-type]
+    assert_graph_replays(_step, o, ("state", "k", "v"))
 
 
 def test_decode_through_the_op_gives_the_same_logits_bit_for_bit() -> None:
     """The model's decode steps, eager and from CUDA graphs, at a batch of 2 (the batch-1 Triton
     paths stay as they are) and of 6, with the op on and off."""
-    from albatross.model import RWKV7
-
-    model = RWKV7.from_state_dict(random_state_dict(CheckpointShape(n_layer=3, n_embd=256), seed=4, device=DEV), DEV, progress=False)
-    results = []
-    for allowed in (True, False):
-        wkv_decode.set_step_op_allowed(allowed)
-        try:
-            pool = model.new_pool(8, torch.float16)
-            slots = [0, 2, 3, 4, 5, 6]
-            model.forward(pool, slots, [[11 + s, 12, 13][: 1 + s % 3] for s in slots])
-            eager = [model.forward(pool, slots[: 2 + 4 * (i % 2)], [[21 + i + s] for s in slots[: 2 + 4 * (i % 2)]]) for i in range(4)]
-            runner = DecodeGraphRunner(model, pool, scratch_slot=7, buckets=(2, 8))
-            ids = torch.tensor(slots, device=DEV)
-            graphed = [runner.decode(ids[: 2 + 4 * (i % 2)], torch.arange(2 + 4 * (i % 2), device=DEV) + 41 + i).clone() for i in range(4)]
-            results.append((eager, graphed, pool.wkv.clone()))
-        finally:
-            wkv_decode.set_step_op_allowed(wkv_decode.STEP_OP_BY_DEFAULT)
-    (eager_on, graph_on, state_on), (eager_off, graph_off, state_off) = results
-    assert all(torch.equal(a, b) for a, b in zip(eager_on, eager_off)), "eager logits differ with the op"
-    assert all(torch.equal(a, b) for a, b in zip(graph_on, graph_off)), "graph logits differ with the op"
-    assert torch.equal(state_on, state_off), "the WKV states differ with the op"
+    try:
+        assert_decode_identical(wkv_decode.set_step_op_allowed, seed=4)
+    finally:
+        wkv_decode.set_step_op_allowed(wkv_decode.STEP_OP_BY_DEFAULT)
 
 
 @pytest.mark.parametrize(
