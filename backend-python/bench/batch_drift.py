@@ -1,13 +1,14 @@
 """How far one row's logits move with what runs beside it (GPU).
 
 A seeded request draws the same uniforms whatever else runs, so its tokens depend on the batch
-only through its logits. This decodes one row alone, with the three batch-1 Triton paths (fused
-LoRAs, one-launch norm + mix, one-launch WKV step: 1-4 rows) and without them, and the same row
-inside a batch of 11 (which takes the CUDA ops), from the same prompt and the same fed tokens,
-and prints per step the largest logit difference of that row: alone with the paths against alone
-without them, and each of them against the batched row. Where "paths - batch" is of the order
-of "no paths - batch", the batch-1 paths move the logits no more than the batch's other matrix
-shapes already do.
+only through its logits. This decodes one row alone and inside a batch of 11 (which takes the
+CUDA ops) from the same prompt and the same fed tokens, three ways: with the three batch-1 Triton
+paths (fused LoRAs, one-launch norm + mix, one-launch WKV step: 1-4 rows), with none of them
+("plain"), and with the two CUDA decode ops (norm_mix_decode, wkv_decode_step). Per step it prints
+the row's largest logit difference: the Triton paths against plain, alone and against the batch;
+plain alone against plain in the batch (what the matrix products' shapes alone move); and the
+CUDA ops against plain (0 if they are bit-identical, as they should be) and alone against in the
+batch.
 
     python bench/batch_drift.py --shape 4x256 --seed 3 --steps 16
 """
@@ -29,10 +30,13 @@ from albatross.random_checkpoint import CheckpointShape, random_state_dict
 PATHS = (loras, norm_mix, wkv_decode)
 
 
-def decode(model: RWKV7, prompt: list[int], crowd: list[list[int]], fed: list[int], batch_paths: bool) -> list[torch.Tensor]:
-    """The target row's logits (fp32) at each fed token; `crowd` prompts run beside it if given."""
+def decode(model: RWKV7, prompt: list[int], crowd: list[list[int]], fed: list[int], triton: bool, cuda: bool) -> list[torch.Tensor]:
+    """The target row's logits (fp32) at each fed token; `crowd` prompts run beside it if given.
+    `triton`: the batch-1 Triton paths allowed; `cuda`: the CUDA decode ops allowed."""
     for path in PATHS:
-        path.set_fused_allowed(batch_paths)
+        path.set_fused_allowed(triton)
+    norm_mix.set_op_allowed(cuda)
+    wkv_decode.set_step_op_allowed(cuda)
     try:
         pool = model.new_pool(len(crowd) + 1, torch.float16)
         slots = list(range(len(crowd) + 1))
@@ -46,6 +50,8 @@ def decode(model: RWKV7, prompt: list[int], crowd: list[list[int]], fed: list[in
     finally:
         for path in PATHS:
             path.set_fused_allowed(path.FUSED_BY_DEFAULT)
+        norm_mix.set_op_allowed(norm_mix.OP_BY_DEFAULT)
+        wkv_decode.set_step_op_allowed(wkv_decode.STEP_OP_BY_DEFAULT)
 
 
 def main() -> None:
@@ -63,13 +69,17 @@ def main() -> None:
     prompt = [11, 22, 33, 44, 55]
     crowd = [torch.randint(1, 65530, (8,), generator=gen).tolist() for _ in range(10)]
     fed = torch.randint(1, 65530, (args.steps,), generator=gen).tolist()
-    paths = decode(model, prompt, [], fed, batch_paths=True)
-    plain = decode(model, prompt, [], fed, batch_paths=False)
-    batched = decode(model, prompt, crowd, fed, batch_paths=True)
+    paths = decode(model, prompt, [], fed, triton=True, cuda=False)
+    plain = decode(model, prompt, [], fed, triton=False, cuda=False)
+    batched = decode(model, prompt, crowd, fed, triton=False, cuda=False)
+    ops_alone = decode(model, prompt, [], fed, triton=False, cuda=True)
+    ops_batched = decode(model, prompt, crowd, fed, triton=False, cuda=True)
     print(f"{args.shape} seed {args.seed}, fp16 weights and state; largest |logit difference| of the row, and its logits' std")
-    print(f"{'step':>4} {'paths - no paths':>17} {'paths - batch':>14} {'no paths - batch':>17} {'std':>7}")
-    for step, (a, b, c) in enumerate(zip(paths, plain, batched)):
-        print(f"{step:>4} {(a - b).abs().max().item():>17.2e} {(a - c).abs().max().item():>14.2e} {(b - c).abs().max().item():>17.2e} {c.std().item():>7.3f}")
+    heads = ("Triton - plain", "Triton - batch", "plain - batch", "CUDA ops - plain", "CUDA ops - batch", "std")
+    print(f"{'step':>4} " + " ".join(f"{head:>16}" for head in heads))
+    for step, (a, b, c, d, e) in enumerate(zip(paths, plain, batched, ops_alone, ops_batched)):
+        row = [(a - b).abs().max(), (a - c).abs().max(), (b - c).abs().max(), (d - b).abs().max(), (d - e).abs().max(), c.std()]
+        print(f"{step:>4} " + " ".join(f"{value.item():>16.2e}" for value in row))
 
 
 if __name__ == "__main__":
