@@ -31,8 +31,6 @@ from albatross.triton_paths import TritonPath
 
 FUSED_BY_DEFAULT = False
 _PATH = TritonPath(FUSED_BY_DEFAULT)
-
-
 STEP_OP_BY_DEFAULT = False
 _STEP_OP = ops.CudaOpSwitch("wkv_decode_step", STEP_OP_BY_DEFAULT)
 

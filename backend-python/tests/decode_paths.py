@@ -15,36 +15,13 @@ from albatross.cuda_graphs import DecodeGraphRunner
 from albatross.random_checkpoint import CheckpointShape, random_state_dict
 
 
-def assert_decode_matches_without(paths: Sequence[ModuleType]) -> None:
-    """`paths`: modules with `set_fused_allowed` and `FUSED_BY_DEFAULT` (loras, norm_mix, wkv_decode)."""
+def _decode_both_ways(allow: Callable[[bool], None], shape: CheckpointShape, seed: int) -> list[tuple[list[torch.Tensor], list[torch.Tensor], list[torch.Tensor]]]:
+    """A small random model decoded with `allow(True)` and then `allow(False)`: per setting, the
+    logits of eager steps and of captured steps at batches of 2 and 6 (after a prefill, which
+    takes the unfused ops either way), and the pool's states at the end."""
     from albatross.model import RWKV7
 
-    model = RWKV7.from_state_dict(random_state_dict(CheckpointShape(n_layer=4, n_embd=512), seed=8, device="cuda"), "cuda", progress=False)
-    eager, graphed = [], []
-    for enabled in (True, False):
-        for path in paths:
-            path.set_fused_allowed(enabled)
-        try:
-            pool = model.new_pool(4, torch.float16)
-            model.forward(pool, [0, 2], [[11, 12, 13, 14, 15, 16], [7, 8]])  # prefill: the unfused ops either way
-            eager.append([model.forward(pool, [0, 2], [[21 + i], [31 + i]]) for i in range(4)])
-            runner = DecodeGraphRunner(model, pool, scratch_slot=3, buckets=(2,))
-            slots = torch.tensor([0, 2], device="cuda")
-            graphed.append([runner.decode(slots, torch.tensor([41 + i, 51 + i], device="cuda")).clone() for i in range(4)])
-        finally:
-            for path in paths:
-                path.set_fused_allowed(path.FUSED_BY_DEFAULT)
-    for got, expected in [*zip(*eager), *zip(*graphed)]:
-        rel = ((got - expected).norm() / expected.norm()).item()
-        assert rel < 1e-2, f"logits relative difference {rel:.2e}"
-
-
-def assert_decode_identical(allow: Callable[[bool], None], seed: int) -> None:
-    """Decode with `allow(True)` and then `allow(False)` (the caller's switches, which it restores):
-    logits eager and from graphs, at batches of 2 and 6, and the states must be bit-identical."""
-    from albatross.model import RWKV7
-
-    model = RWKV7.from_state_dict(random_state_dict(CheckpointShape(n_layer=3, n_embd=256), seed=seed, device="cuda"), "cuda", progress=False)
+    model = RWKV7.from_state_dict(random_state_dict(shape, seed=seed, device="cuda"), "cuda", progress=False)
     results = []
     for allowed in (True, False):
         allow(allowed)
@@ -57,7 +34,30 @@ def assert_decode_identical(allow: Callable[[bool], None], seed: int) -> None:
         ids = torch.tensor(slots, device="cuda")
         graphed = [runner.decode(ids[:n], torch.arange(n, device="cuda") + 41 + i).clone() for i, n in enumerate(sizes)]
         results.append((eager, graphed, [pool.att_shift.clone(), pool.ffn_shift.clone(), pool.wkv.clone()]))
-    on, off = results
+    return results
+
+
+def assert_decode_matches_without(paths: Sequence[ModuleType]) -> None:
+    """`paths`: modules with `set_fused_allowed` and `FUSED_BY_DEFAULT` (loras, norm_mix, wkv_decode)."""
+
+    def allow(allowed: bool) -> None:
+        for path in paths:
+            path.set_fused_allowed(allowed)
+
+    try:
+        on, off = _decode_both_ways(allow, CheckpointShape(n_layer=4, n_embd=512), seed=8)
+    finally:
+        for path in paths:
+            path.set_fused_allowed(path.FUSED_BY_DEFAULT)
+    for got, expected in [*zip(on[0], off[0]), *zip(on[1], off[1])]:
+        rel = ((got - expected).norm() / expected.norm()).item()
+        assert rel < 1e-2, f"logits relative difference {rel:.2e}"
+
+
+def assert_decode_identical(allow: Callable[[bool], None], seed: int) -> None:
+    """Decode with `allow(True)` and then `allow(False)` (the caller's switches, which it restores):
+    logits eager and from graphs, at batches of 2 and 6, and the states must be bit-identical."""
+    on, off = _decode_both_ways(allow, CheckpointShape(n_layer=3, n_embd=256), seed)
     assert all(torch.equal(a, b) for a, b in zip(on[0], off[0])), "eager logits differ"
     assert all(torch.equal(a, b) for a, b in zip(on[1], off[1])), "graph logits differ"
     assert all(torch.equal(a, b) for a, b in zip(on[2], off[2])), "the states differ"

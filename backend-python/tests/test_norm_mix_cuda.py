@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from albatross import cuda_ops, norm_mix, ops
-from decode_paths import assert_decode_matches_without
+from decode_paths import assert_decode_matches_without, assert_graph_replays
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
@@ -80,24 +80,15 @@ def test_results_are_deterministic_and_replay_from_a_cuda_graph() -> None:
     for _ in range(3):
         again = _run(operands, fused=True)
         assert all(torch.equal(a, b) for a, b in zip(again, first))
-    x, shift = operands["x"].clone(), operands["shift_state"].clone()  # type: ignore[attr-defined]
-    args = (operands["delta"], operands["weight"], operands["bias"], shift, operands["batch"], operands["coefficients"])
+
+    def op(o: dict[str, object]) -> torch.Tensor:
+        return norm_mix.norm_mix(o["x"], o["delta"], o["weight"], o["bias"], o["shift_state"], o["batch"], o["coefficients"])  # type: ignore[arg-type]
+
     norm_mix.set_fused_allowed(True)
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            norm_mix.norm_mix(x, *args)  # type: ignore[arg-type]  # compile and warm up outside the capture
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = norm_mix.norm_mix(x, *args)  # type: ignore[arg-type]
+        assert_graph_replays(op, operands, ("x", "shift_state"))
     finally:
         norm_mix.set_fused_allowed(norm_mix.FUSED_BY_DEFAULT)
-    x.copy_(operands["x"])  # type: ignore[arg-type]
-    shift.copy_(operands["shift_state"])  # type: ignore[arg-type]
-    graph.replay()
-    assert torch.equal(out, first[0]) and torch.equal(x, first[1]) and torch.equal(shift, first[2])
 
 
 def test_decode_through_the_kernel_matches_decode_without_it() -> None:

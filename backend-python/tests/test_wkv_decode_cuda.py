@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from albatross import cuda_ops, loras, norm_mix, ops, wkv_decode
-from decode_paths import assert_decode_matches_without
+from decode_paths import assert_decode_matches_without, assert_graph_replays
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
@@ -90,25 +90,16 @@ def test_results_are_deterministic_and_replay_from_a_cuda_graph() -> None:
     for _ in range(3):
         again = _run(o, fused=True)
         assert all(torch.equal(a, b) for a, b in zip(again, first))
-    mix, state = o["mix"].clone(), o["state"].clone()  # type: ignore[attr-defined]
-    r, k, v = mix.unbind(0)
-    args = _rest(o)
+
+    def op(d: dict[str, object]) -> torch.Tensor:
+        r, k, v = d["mix"].unbind(0)  # type: ignore[attr-defined]
+        return wkv_decode.prep_wkv_gate(d["state"], d["batch"], (r, k, v), *_rest(d))  # type: ignore[arg-type]
+
     wkv_decode.set_fused_allowed(True)
     try:
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):
-            wkv_decode.prep_wkv_gate(state, o["batch"], (r, k, v), *args)  # type: ignore[arg-type]  # compile and warm up
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            out = wkv_decode.prep_wkv_gate(state, o["batch"], (r, k, v), *args)  # type: ignore[arg-type]
+        assert_graph_replays(op, o, ("mix", "state"))
     finally:
         wkv_decode.set_fused_allowed(wkv_decode.FUSED_BY_DEFAULT)
-    mix.copy_(o["mix"])  # type: ignore[arg-type]
-    state.copy_(o["state"])  # type: ignore[arg-type]
-    graph.replay()
-    assert torch.equal(out, first[0]) and torch.equal(mix, first[1]) and torch.equal(state, first[2])
 
 
 @pytest.mark.parametrize("others", [False, True], ids=["alone", "with the other batch-1 paths"])
