@@ -5,11 +5,11 @@ row one slot's single token), where both kernels are launch-bound at batch 1 (12
 
 - `ops.norm_mix_decode`, the CUDA kernel (fused.cu) that runs the two kernels' own device code in
   one block per row: bit-identical to them, so it may serve every decode batch size without making
-  a row's result depend on its batch. With `set_op_allowed(True)` it takes every decode step on a
-  GPU whose fused library has it, when the rows are as the model's always are (a multiple of 8
-  channels, up to 8192, 16-byte aligned: what the two ops' vectorised kernels need). Off by
-  default until a GPU has shown the bit-identity and timed it (tests/test_norm_mix_decode_cuda.py,
-  `bench/bench_model.py --decode-ops on,off`).
+  a row's result depend on its batch. It takes every decode step on a GPU whose fused library has
+  it, when the rows are as the model's always are (a multiple of 8 channels, up to 8192, 16-byte
+  aligned: what the two ops' vectorised kernels need); `set_op_allowed(False)` turns it off. On by
+  default since an H100 showed the bit-identity and the gain, with wkv_decode's CUDA op
+  (tests/test_norm_mix_decode_cuda.py; docs/performance.md, session 12).
 - `norm_mix_triton.norm_mix`, for 1-4 rows of fp16/bf16 with `set_fused_allowed(True)`: the same
   arithmetic in Triton, rounded differently.
 
@@ -32,7 +32,7 @@ from albatross.triton_paths import TritonPath
 
 FUSED_BY_DEFAULT = False
 _PATH = TritonPath(FUSED_BY_DEFAULT)
-OP_BY_DEFAULT = False
+OP_BY_DEFAULT = True
 _OP = ops.CudaOpSwitch("norm_mix_decode", OP_BY_DEFAULT)
 _VEC = 8  # channels a thread moves in one 16-byte access
 _MAX_C = 8192  # a row in registers: add_layer_norm's limit

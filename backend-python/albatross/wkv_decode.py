@@ -3,10 +3,11 @@ two one-launch forms of the same step for decode rows (each row one slot's singl
 
 - `ops.wkv_decode_step`, the CUDA kernel (fused.cu) that runs the three kernels' own device code in
   one block per (row, head): bit-identical to the three ops, so it may serve every decode batch
-  size without making a row's result depend on its batch. With `set_step_op_allowed(True)` it
-  takes every decode step on a GPU whose fused library has it. Off by default until a GPU has
-  shown the bit-identity and timed it (tests/test_wkv_decode_step_cuda.py, `bench/bench_model.py
-  --decode-ops on,off`, which switches norm_mix's CUDA op with it).
+  size without making a row's result depend on its batch. It takes every decode step on a GPU
+  whose fused library has it (`set_step_op_allowed(False)` turns it off). On by default since an
+  H100 showed the bit-identity (tests/test_wkv_decode_step_cuda.py, `bench/batch_drift.py`) and,
+  with norm_mix's CUDA op, 151-154 -> 155-159 tok/s for fp16 and 197 -> 208 for int8 at batch 1,
+  equal at 64 and 960 (docs/performance.md, session 12; `bench/bench_model.py --decode-ops on,off`).
 - `wkv_decode_triton.prep_wkv_gate`, for 1-4 rows of fp16/bf16 with `set_fused_allowed(True)`:
   the same arithmetic in Triton, rounded differently (below).
 
@@ -31,7 +32,7 @@ from albatross.triton_paths import TritonPath
 
 FUSED_BY_DEFAULT = False
 _PATH = TritonPath(FUSED_BY_DEFAULT)
-STEP_OP_BY_DEFAULT = False
+STEP_OP_BY_DEFAULT = True
 _STEP_OP = ops.CudaOpSwitch("wkv_decode_step", STEP_OP_BY_DEFAULT)
 
 
