@@ -35,6 +35,13 @@ constexpr int kUnroll = 4;                   // rows in flight per warp
 constexpr int kKStep = kWarps * kUnroll;     // a split's K range is a multiple of this
 constexpr int kMaxRows = 4;
 constexpr int kMaxSplitK = 2048;             // x slice in shared memory: 4 rows x 2048 fp32 = 32 KB
+// A split's least rows (128 KB of weights a block), above split_rows' ~4 blocks an SM: a small
+// matrix's blocks then stream enough rows to hide their fixed chain (first weights, x slice,
+// reduction, partial's store, fence, counter) and the last block adds fewer partials. On an H100,
+// 4096 x 4096 at 1 row: 15.3 us in 64 splits of 64 rows, 12.3 us in 16 of 256; the larger shapes
+// already got 256 and were slower with 128 (docs/performance.md, session 12).
+constexpr int kMinSplitK = 256;
+static_assert(kMinSplitK % kKStep == 0 && kMinSplitK <= kMaxSplitK, "the floor is a whole number of k steps within the cap");
 constexpr int kReduceBytes = kWarps * kTileN * 4;  // one row's warp sums at a time: 16 KB
 constexpr float kMagic = 8388736.f;          // 2^23 + 128
 constexpr int kPrefetchRows = 64;            // rows per block pulled into L2 before the wait: 32 KB
@@ -195,7 +202,8 @@ Tensor int8_gemv_cuda(const Tensor& x, const Tensor& q, const Tensor& scale, Ten
   ALBATROSS_CHECK(tiles * B <= counters.numel(), "counters holds ", counters.numel(), " tiles, this call needs ", tiles * B);
   const DeviceGuard guard(q.get_device_index());
   if (N == 0 || B == 0) return batched ? new_empty(x, {B, R, N}) : new_empty(x, {R, N});
-  const int64_t k_per_split = split_rows(K, tiles * B, q.get_device_index(), kKStep, kMaxSplitK);
+  const int64_t k_per_split =
+      std::max<int64_t>(split_rows(K, tiles * B, q.get_device_index(), kKStep, kMaxSplitK), kMinSplitK);
   const int64_t splits = (K + k_per_split - 1) / k_per_split;
   ALBATROSS_CHECK(splits <= 65535, "K too large for one launch");
 
