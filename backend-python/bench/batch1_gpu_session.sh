@@ -11,13 +11,12 @@
 # - NCU: Nsight Compute on the 4096 x 4096 products; SUITE: the whole GPU suite.
 #   bash backend-python/bench/batch1_gpu_session.sh        (repository root; .whl/ carried)
 # Knobs: STEP=0, PATHS=0, PROFILE=0, DRIFT=0, NCU=0, SUITE=0 skip a step (all of them take about
-# 13 minutes: split them over two calls); MODEL_ARGS / INT8_ARGS (default: --fused-norm-mix on,off
-# --fused-wkv on,off). Output: $OUT/log.txt,
+# 13 minutes: split them over two calls); MODEL_ARGS / INT8_ARGS (default: --fused-lora on,off). Output: $OUT/log.txt,
 # step.json, model.json, int8.json, int8-nopdl.json, ncu.txt, suite.log.
 set -uo pipefail
 . "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
 log="$OUT/log.txt"
-paths="--fused-norm-mix on,off --fused-wkv on,off"
+paths="--fused-lora on,off"  # the Triton norm + mix and WKV step give way to the CUDA decode ops (on by default)
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } 2>&1 | tee "$log"
 ALBATROSS_KERNEL_CACHE=/tmp/albatross-empty-cache python3 -c "
 import logging, os; logging.basicConfig(level=logging.INFO, format='%(name)s %(levelname)s %(message)s')

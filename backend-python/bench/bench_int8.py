@@ -168,7 +168,10 @@ def model_speed(
             if f"prefill{prompts}x{length}" in cases:
                 found.append((*default, bench_prefill(model, pool, prompts, length, shape_name, length if prompts == 1 else 512)))
         for fused, norm, wkv, result in found:
-            rows.append({"weights": weights, "fused_lora": fused, "fused_norm_mix": norm, "fused_wkv": wkv, **asdict(result)})
+            # The CUDA decode ops take precedence over the Triton norm + mix and WKV step where allowed
+            # (their defaults here): the rows then differ only in the fused LoRAs.
+            decode_ops = {"norm_mix_op": norm_mix.OP_BY_DEFAULT, "wkv_step_op": wkv_decode.STEP_OP_BY_DEFAULT}
+            rows.append({"weights": weights, "fused_lora": fused, "fused_norm_mix": norm, "fused_wkv": wkv, **decode_ops, **asdict(result)})
             print(rows[-1], flush=True)
         del pool, model
         torch.cuda.empty_cache()
@@ -243,8 +246,8 @@ def main(argv: list[str] | None = None) -> None:
         for r in figures:  # type: ignore[union-attr]
             ratio = f"{r['vs_fp16']:.2f}x" + (f" ({r['floor']}x)" if "floor" in r else "") if "vs_fp16" in r else ""
             lora = "on" if r["fused_lora"] else "off"
-            norm = "one" if r["fused_norm_mix"] else "two"
-            wkv = "one" if r["fused_wkv"] else "three"
+            norm = "CUDA op" if r.get("norm_mix_op") else "one" if r["fused_norm_mix"] else "two"
+            wkv = "CUDA op" if r.get("wkv_step_op") else "one" if r["fused_wkv"] else "three"
             print(f"{r['weights']:<8}{r['name']:<24}{r['batch']:>7}{r['tokens_per_s']:>12,.0f}{r['ms_per_step']:>10.2f}  {lora:<12}{norm:<10}{wkv:<10}{ratio}")
     if args.json:
         payload = {"what": args.what, "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu", "torch": torch.__version__, "figures": figures}
