@@ -15,13 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from ports import free_port
+
 REDIS_SERVER = shutil.which("redis-server")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def require_redis_server() -> str:

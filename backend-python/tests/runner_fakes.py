@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import socket
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
@@ -18,6 +17,7 @@ from pathlib import Path
 import uvicorn
 from fastapi import FastAPI
 
+from ports import free_port
 from runner.app import ROUTE_MODULES, create_app
 from runner.backends import BACKENDS, BackendEntry
 from runner.context import app_context
@@ -157,9 +157,7 @@ def sse_payloads(text: str) -> list[str]:
 def live_server(app: FastAPI, settings: ServerSettings | None = None) -> Iterator[str]:
     """Serve `app` with uvicorn on a free local port in a thread; yields the base URL. With
     `settings`, the server is configured as main.py configures it (runner.server)."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     if settings is None:
         config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
     else:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import re
 import shutil
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from ports import free_port
 from runner_fakes import ScriptedBackend, live_server, make_app, settings_with
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "deploy-examples"
@@ -21,11 +21,6 @@ CONFIGS = sorted(EXAMPLES.glob("nginx-*.conf"))
 NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").exists() else None)
 pytestmark = pytest.mark.skipif(NGINX is None, reason="needs nginx (apt-get install nginx)")
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def nginx(prefix: Path, config: Path, *args: str) -> list[str]:

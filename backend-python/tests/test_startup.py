@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ports import free_port
+
 MAIN = Path(__file__).resolve().parents[1] / "main.py"
 
 
@@ -15,11 +17,6 @@ def run_main(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[st
     env = {**os.environ, "RWKV_STATE_CACHE_PATH": os.devnull}
     return subprocess.run([sys.executable, str(MAIN), *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=MAIN.parent)
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def test_a_missing_model_file_is_one_clear_line(tmp_path: Path) -> None:

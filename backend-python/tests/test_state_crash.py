@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -18,16 +17,12 @@ from pathlib import Path
 import httpx
 import pytest
 
+from ports import free_port
 from albatross.state import SlotState
 from runner.sessions import node_key, session_key
 
 BACKEND_DIR = Path(__file__).resolve().parents[1]
 
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def wait_until_serving(base_url: str, process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
