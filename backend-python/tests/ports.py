@@ -22,9 +22,8 @@ def free_port() -> int:
     own processes were opening sockets). Below the range (and above Ray's worker ports) only an
     explicit bind can take it."""
     low, _ = _ephemeral_range()
-    candidates = list(range(20000, low)) if low > 21000 else []  # Ray's workers take 10002-19999
-    random.SystemRandom().shuffle(candidates)
-    for port in candidates[:200]:
+    below = range(20000, low)  # Ray's workers take 10002-19999
+    for port in random.sample(below, min(200, len(below))):
         with socket.socket() as probe:
             try:
                 probe.bind(("127.0.0.1", port))

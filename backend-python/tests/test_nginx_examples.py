@@ -22,7 +22,6 @@ NGINX = shutil.which("nginx") or ("/usr/sbin/nginx" if Path("/usr/sbin/nginx").e
 pytestmark = pytest.mark.skipif(NGINX is None, reason="needs nginx (apt-get install nginx)")
 
 
-
 def nginx(prefix: Path, config: Path, *args: str) -> list[str]:
     assert NGINX is not None
     return [NGINX, "-c", str(config), "-p", str(prefix), "-g", f"pid {prefix}/nginx.pid; error_log {prefix}/error.log;", *args]

@@ -18,7 +18,6 @@ def run_main(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[st
     return subprocess.run([sys.executable, str(MAIN), *args], capture_output=True, text=True, timeout=timeout, env=env, cwd=MAIN.parent)
 
 
-
 def test_a_missing_model_file_is_one_clear_line(tmp_path: Path) -> None:
     result = run_main("--model-path", str(tmp_path / "absent.pth"), "--port", str(free_port()))
     assert result.returncode != 0

@@ -17,12 +17,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ports import free_port
 from albatross.state import SlotState
+from ports import free_port
 from runner.sessions import node_key, session_key
 
 BACKEND_DIR = Path(__file__).resolve().parents[1]
-
 
 
 def wait_until_serving(base_url: str, process: subprocess.Popen[bytes], timeout_s: float = 60.0) -> None:
