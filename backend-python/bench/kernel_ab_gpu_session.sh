@@ -9,6 +9,7 @@
 #   VARIANT=gpu_scratch/variant bash backend-python/bench/kernel_ab_gpu_session.sh   (repository root; .whl/ carried)
 # $VARIANT is relative to the repository root and must travel (an untracked, not ignored folder).
 # Knobs: BASE=0, TESTS=0 or TESTS=variant, TEST_FILES, VARIANT_ENVS (settings that time the variant again, untested),
+# GEMV=0 (no few-row product timings), SAMPLER=1 (bench_sampler.py at batch 1, 64 and 960),
 # MODEL=0 (no model rows), FP16_MODEL=0 (the int8 model only), SHAPE (7.2b), MODEL_ARGS (more bench_model.py flags, e.g. --gemv on,off
 # --fused-lora on,off), INT8_ARGS (more bench_int8.py model flags, e.g. --fused-lora on,off). Output: $OUT/log.txt, and per side base-*/variant-* JSON.
 set -uo pipefail
@@ -30,8 +31,13 @@ print({name: result.how for name, result in cuda_ops.enable_cuda_kernels().items
     timeout 300 python3 -m pytest -q -p no:cacheprovider -m cuda ${TEST_FILES:-tests/test_gemv_cuda.py tests/test_int8_cuda.py \
         tests/test_cuda_kernels.py tests/test_lora_cuda.py tests/test_pdl_cuda.py} 2>&1 | tail -4 | tee -a "$log"
   fi
-  timeout 240 python3 bench/bench_gemv.py --rows 1,2 --json "$OUT/$1-gemv.json" 2>&1 | tee -a "$log" | tail -14
-  timeout 240 python3 bench/bench_int8.py kernels --rows 1,2 --only GEMV --json "$OUT/$1-int8.jsonl" 2>&1 | tee -a "$log" | tail -14
+  if [ "${GEMV:-1}" = 1 ]; then
+    timeout 240 python3 bench/bench_gemv.py --rows 1,2 --json "$OUT/$1-gemv.json" 2>&1 | tee -a "$log" | tail -14
+    timeout 240 python3 bench/bench_int8.py kernels --rows 1,2 --only GEMV --json "$OUT/$1-int8.jsonl" 2>&1 | tee -a "$log" | tail -14
+  fi
+  if [ "${SAMPLER:-0}" = 1 ]; then
+    timeout 240 python3 bench/bench_sampler.py --batches 1,64,960 --json "$OUT/$1-sampler.json" 2>&1 | tee -a "$log" | tail -14
+  fi
   if [ "${MODEL:-1}" = 1 ] && [ "${FP16_MODEL:-1}" = 1 ]; then
     timeout 300 python3 bench/bench_model.py --shape "${SHAPE:-7.2b}" --batches 1 --graph-batches 1 --fp16-graph-batches 1 \
         --steps 10 --skip-accuracy --wkv-chunked= ${MODEL_ARGS:-} --json "$OUT/$1-model.json" 2>&1 | tee -a "$log" | tail -8

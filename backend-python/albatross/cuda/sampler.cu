@@ -96,6 +96,50 @@ struct Row {
   __device__ __forceinline__ float prob(int e) const { return expf(adjusted(e) / temperature - mx) / sum; }
 };
 
+// The four adjusted logits of quad q (ids past the vocabulary: -inf, weight 0).
+__device__ __forceinline__ float4 load_quad(const Row& row, int q, bool vector) {
+  const int e = 4 * q;
+  if (vector && e + 3 < row.vocab) {
+    float4 l = __ldg(reinterpret_cast<const float4*>(row.logits) + q);
+    if (row.penalty) {
+      const float4 p = *(reinterpret_cast<const float4*>(row.penalty) + q);
+      l.x -= p.x; l.y -= p.y; l.z -= p.z; l.w -= p.w;
+    }
+    return l;
+  }
+  float v[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) v[j] = e + j < row.vocab ? row.adjusted(e + j) : -INFINITY;
+  return make_float4(v[0], v[1], v[2], v[3]);
+}
+
+// Whether a row's logits (and penalties) can be read as float4s: quads of ids never straddle the
+// end of the vocabulary and both rows start on 16 bytes.
+__device__ __forceinline__ bool quad_aligned(const Row& row) {
+  return row.vocab % 4 == 0 && reinterpret_cast<uintptr_t>(row.logits) % 16 == 0 &&
+         (row.penalty == nullptr || reinterpret_cast<uintptr_t>(row.penalty) % 16 == 0);
+}
+
+// Calls visit(id, adjusted logit) for every id of the row this thread owns: quad ownership (thread t
+// owns ids 4q .. 4q + 3 of quads q = t, t + THREADS, ..., the rejection draw's walk order) with
+// float4 loads when the row allows it, else one id at a time (ids t, t + THREADS, ...). Either way
+// a thread meets its ids in ascending order, which the argmax's lowest-id tie rule relies on.
+template <typename Visit>
+__device__ __forceinline__ void for_each_owned(const Row& row, Visit&& visit) {
+  if (quad_aligned(row)) {
+    const int quads = row.vocab / 4;
+    for (int q = threadIdx.x; q < quads; q += THREADS) {
+      const float4 l = load_quad(row, q, true);
+      visit(4 * q, l.x);
+      visit(4 * q + 1, l.y);
+      visit(4 * q + 2, l.z);
+      visit(4 * q + 3, l.w);
+    }
+  } else {
+    for (int e = threadIdx.x; e < row.vocab; e += THREADS) visit(e, row.adjusted(e));
+  }
+}
+
 // k-th largest p (1-based k), by 8-bit radix select on the float bits.
 __device__ float kth_largest(const Row& row, int k, int* hist, int* shared_int) {
   uint32_t prefix = 0, mask = 0;
@@ -227,8 +271,9 @@ __device__ bool top_p_from_candidates(const Row& row, float floor, float top_p, 
 
 // ---------------------------------------------------------------------------------------------
 // Fast path for a filtered row (top_k <= 1024, or top_p alone): the candidates are found from a
-// histogram of the logits' order keys built in the first pass, so a row is read three times
-// (max/sum/histogram, collection, penalty decay) instead of nine. The kept set and the draw are
+// histogram of the logits' order keys built in the first pass, so a row is read once (max/sum/
+// histogram and the held keys; the collection pass reads it again only when a thread may hold too
+// few) plus the penalty decay, instead of nine times. The kept set and the draw are
 // those of the exact path: thresholds come from the sorted candidates, and the draw walks the
 // kept candidates in id order. Whenever that cannot be decided from the candidates alone (too
 // many ties in one histogram bin, top_p undecided, or a kept set that may reach past the
@@ -257,6 +302,39 @@ struct FastShared {
   int last;
   int complete;  // every id with a finite l is a candidate (a masked row with fewer than k_c allowed)
   int use_fast;  // the first pass built the histogram
+};
+
+// The HELD largest order keys (and ids) a thread met in the first pass, largest first (id -1:
+// empty). When no thread's smallest held key reaches the candidates' histogram bin, the held keys
+// are the whole candidate set and the collection pass need not read the row again. Three per
+// thread: the 50-100 candidates of a top-k 50 row spread over 1,024 threads, and a thread holding
+// more than three of them (about 1 row in 300 for uniformly placed candidates) reads the row.
+constexpr int HELD = 3;
+
+__device__ __forceinline__ float from_order_key(uint32_t key) {  // the inverse of order_key
+  return __uint_as_float((key & 0x80000000u) ? (key & 0x7FFFFFFFu) : ~key);
+}
+
+struct Held {
+  uint32_t key[HELD];
+  int id[HELD];
+  __device__ __forceinline__ void clear() {
+#pragma unroll
+    for (int i = 0; i < HELD; ++i) { key[i] = 0u; id[i] = -1; }
+  }
+  // Keeps (k, e) if it is among the HELD largest so far; on equal keys the earlier (lower) id stays first.
+  __device__ __forceinline__ void offer(uint32_t k, int e) {
+    if (k <= key[HELD - 1]) return;
+#pragma unroll
+    for (int i = 0; i < HELD; ++i) {
+      if (k > key[i]) {
+        const uint32_t kk = key[i];
+        const int ee = id[i];
+        key[i] = k; id[i] = e;
+        k = kk; e = ee;
+      }
+    }
+  }
 };
 
 // The bin holding the k-th largest key, counting from the top, and how many lie above it (warp 0;
@@ -289,8 +367,9 @@ enum FastResult { FAST_NONE = 0, FAST_TOKEN = 1, FAST_THRESHOLD = 2 };
 
 // Tries the fast path for a row whose histogram of top-11-bit order keys is in f.hist. Returns
 // FAST_TOKEN (token written), FAST_THRESHOLD (*threshold set: draw over the whole row), or FAST_NONE.
-__device__ FastResult fast_sample(const Row& row, FastShared& f, int k_c, int64_t top_k, float top_p, int64_t seed32,
-                                  int64_t step, float* threshold_out, int64_t* token) {
+__device__ __forceinline__ FastResult fast_sample(const Row& row, FastShared& f, const Held& held, int k_c, int64_t top_k,
+                                                  float top_p, int64_t seed32, int64_t step, float* threshold_out,
+                                                  int64_t* token) {
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   __shared__ float warp_sums[WARPS];
   find_bin(f, k_c);
@@ -301,20 +380,21 @@ __device__ FastResult fast_sample(const Row& row, FastShared& f, int k_c, int64_
     __syncthreads();
     for (int b = tid; b < BINS; b += THREADS) f.hist[b] = 0;
     __syncthreads();
-    for (int e = tid; e < row.vocab; e += THREADS) {
-      const float l = row.adjusted(e);
+    for_each_owned(row, [&](int, float l) {
       const uint32_t key = order_key(l);
       if (l > -INFINITY && static_cast<int>(key >> 21) == bin) atomicAdd(&f.hist[(key >> 10) & (BINS - 1)], 1);
-    }
+    });
     __syncthreads();
     find_bin(f, k_c - above);
     sub_bin = f.bin;
     if (above + f.above + f.hist[sub_bin] > FAST_CAP) return FAST_NONE;  // ties beyond 22 bits: rare
   }
   if (tid == 0) f.count = 0;
-  __syncthreads();
-  for (int e = tid; e < row.vocab; e += THREADS) {
-    const float l = row.adjusted(e);
+  // The held keys are every candidate of this thread unless it may hold too few: its smallest held
+  // key still in the candidates' bin (or the bin refined, which they do not know about).
+  const bool overflow = sub_bin >= 0 || (held.id[HELD - 1] >= 0 && static_cast<int>(held.key[HELD - 1] >> 21) >= bin);
+  const bool from_held = !__syncthreads_or(overflow);
+  auto collect = [&](int e, float l) {
     const uint32_t key = order_key(l);
     const int top = static_cast<int>(key >> 21);
     if (l > -INFINITY &&  // a masked id is never a candidate
@@ -323,6 +403,13 @@ __device__ FastResult fast_sample(const Row& row, FastShared& f, int k_c, int64_
       f.p[at] = expf(l / row.temperature - row.mx) / row.sum;  // = row.prob(e)
       f.id[at] = e;
     }
+  };
+  if (from_held) {
+#pragma unroll
+    for (int i = 0; i < HELD; ++i)
+      if (held.id[i] >= 0) collect(held.id[i], from_order_key(held.key[i]));
+  } else {
+    for_each_owned(row, collect);
   }
   __syncthreads();
   const int n = f.count;
@@ -421,23 +508,6 @@ __device__ float round_uniform(int64_t seed32, int64_t step, int round) {
   return static_cast<float>(c0 >> 8) * 5.9604644775390625e-08f;  // 2**-24
 }
 
-// The four adjusted logits of quad q (ids past the vocabulary: -inf, weight 0).
-__device__ __forceinline__ float4 load_quad(const Row& row, int q, bool vector) {
-  const int e = 4 * q;
-  if (vector && e + 3 < row.vocab) {
-    float4 l = __ldg(reinterpret_cast<const float4*>(row.logits) + q);
-    if (row.penalty) {
-      const float4 p = *(reinterpret_cast<const float4*>(row.penalty) + q);
-      l.x -= p.x; l.y -= p.y; l.z -= p.z; l.w -= p.w;
-    }
-    return l;
-  }
-  float v[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) v[j] = e + j < row.vocab ? row.adjusted(e + j) : -INFINITY;
-  return make_float4(v[0], v[1], v[2], v[3]);
-}
-
 __device__ __forceinline__ float weight(const Row& row, float l) { return expf(l / row.temperature - row.mx); }
 
 struct RejectionShared {
@@ -455,8 +525,7 @@ __device__ bool rejection_sample(const Row& row, int64_t top_k, float top_p, int
   const bool use_k = top_k > 0 && top_k < row.vocab, use_p = top_p < 1.f;
   const bool maxima_only = (use_k && top_k == 1) || top_p <= 0.f;
   const bool free_row = !use_k && !use_p;
-  const bool vector = row.vocab % 4 == 0 && (reinterpret_cast<uintptr_t>(row.logits) % 16 == 0) &&
-                      (row.penalty == nullptr || reinterpret_cast<uintptr_t>(row.penalty) % 16 == 0);
+  const bool vector = quad_aligned(row);
   const int quads = (row.vocab + 3) / 4;
   float pivot = maxima_only ? __uint_as_float(0x3F7FFFFFu) : 0.f;  // just under 1: only the maxima (w = 1)
   float total = 0.f;
@@ -572,7 +641,8 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(const float* __restrict
   const float top_p = params.top_p[row_index];
   const bool use_k = top_k > 0 && top_k < vocab;
   // The rejection draw serves the rows without top_k (sampler.py, `_rejection_rows`): a row with
-  // top_k is decided faster by the candidate fast path (H200: 0.84 against 0.91 ms at 960 rows).
+  // top_k is decided faster by the candidate fast path (H200, session 5: 0.84 against 0.91 ms at
+  // 960 rows, before the held keys made that path faster still).
   const bool reject_row = rejection && !use_k;
   // The fast path's candidate count: the top-k set, or (top_p alone) the 1024 largest.
   const int k_c = temperature > 0.f && !reject_row ? (use_k ? (top_k <= 1024 ? static_cast<int>(top_k) : 0) : (top_p < 1.f ? 1024 : 0)) : 0;
@@ -581,22 +651,27 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(const float* __restrict
     __syncthreads();
   }
 
-  // Pass 1: max of l and its lowest id (strided ownership: each thread sees ids in ascending
-  // order); for a sampled row also the softmax sum of l / T (online: rescaled when the max
-  // grows) and, for the fast path, the histogram of the top 11 bits of l's order key.
+  // Pass 1: max of l and its lowest id (each thread sees its ids in ascending order); for a
+  // sampled row also the softmax sum of l / T (online: rescaled when the max grows) and, for the
+  // fast path, the histogram of the top 11 bits of l's order key and the thread's held keys.
   float best = -INFINITY;
   int best_id = INT_MAX;
   float m = -INFINITY, s = 0.f;
-  for (int e = tid; e < vocab; e += THREADS) {
-    const float l = row.adjusted(e);
+  Held held;
+  held.clear();
+  for_each_owned(row, [&](int e, float l) {
     if (l > best) { best = l; best_id = e; }
     if (temperature > 0.f) {
       const float x = l / temperature;
       if (x > m) { s = s * expf(m - x) + 1.f; m = x; }
       else if (x > -INFINITY) s += expf(x - m);
-      if (k_c > 0 && l > -INFINITY) atomicAdd(&fast.hist[order_key(l) >> 21], 1);
+      if (k_c > 0 && l > -INFINITY) {
+        const uint32_t key = order_key(l);
+        atomicAdd(&fast.hist[key >> 21], 1);
+        held.offer(key, e);
+      }
     }
-  }
+  });
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) {
     const float other = __shfl_xor_sync(0xffffffffu, best, o);
@@ -633,7 +708,7 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(const float* __restrict
       __syncthreads();  // the exact path reuses the shared union
     }
     if (k_c > 0 && row.mx > -INFINITY)
-      fast_result = fast_sample(row, fast, k_c, top_k, top_p, params.seed32[row_index], params.step[row_index], &threshold, &token);
+      fast_result = fast_sample(row, fast, held, k_c, top_k, top_p, params.seed32[row_index], params.step[row_index], &threshold, &token);
     __syncthreads();
     if (fast_result == FAST_NONE) {
       threshold = 0.f;
@@ -697,7 +772,18 @@ __global__ void __launch_bounds__(THREADS) sample_kernel(const float* __restrict
   if (update) {
     float* pen = penalties + slot * vocab;
     const float decay = params.decay[row_index];
-    for (int e = tid; e < vocab; e += THREADS) pen[e] *= decay;
+    if (decay != 1.f) {  // x * 1 is x: a row without decay skips the pass (read and write of the row)
+      if (vocab % 4 == 0 && reinterpret_cast<uintptr_t>(pen) % 16 == 0) {
+        float4* quads = reinterpret_cast<float4*>(pen);
+        for (int q = tid; q < vocab / 4; q += THREADS) {
+          float4 v = quads[q];
+          v.x *= decay; v.y *= decay; v.z *= decay; v.w *= decay;
+          quads[q] = v;
+        }
+      } else {
+        for (int e = tid; e < vocab; e += THREADS) pen[e] *= decay;
+      }
+    }
     __syncthreads();
     if (tid == 0) {
       bool* seen_row = seen + slot * vocab;
