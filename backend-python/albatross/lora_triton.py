@@ -19,6 +19,8 @@ both kernels under Triton's CPU interpreter against it, and tests/test_lora_cuda
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import triton
 import triton.language as tl
@@ -26,11 +28,26 @@ import triton.language as tl
 from albatross.triton_paths import MAX_ROWS  # the rows the dispatch sends
 
 ROWS_P = 16  # rows padded (masked) to tl.dot's smallest tile, so both kernels' loads are pipelined
-SPLITS = 8  # K pieces of the down products: a 7.2B block's 30 column tiles x 8 = 240 programs
-BLOCK_N_DOWN = 32
-BLOCK_K_DOWN = 64
-BLOCK_N_UP = 64
-BLOCK_K_UP = 32
+
+
+@dataclass(frozen=True, slots=True)
+class Tiles:
+    """The two kernels' tile sizes and launch options (bench/bench_lora.py sweeps them)."""
+
+    # bench_lora.py's sweep on an H100 (session 13; 7.2B block at 1 row, CUDA graph) found 14.4 us
+    # against these tiles' 15.8 (down_block_k 128, up_block_n 128, up_block_k 64): 0.7% of a batch-1
+    # step, and its up tiles take 134 registers in bf16. Kept as they are (docs/performance.md).
+    splits: int = 8  # K pieces of the down products: a 7.2B block's 30 column tiles x 8 = 240 programs
+    down_block_n: int = 32
+    down_block_k: int = 64
+    up_block_n: int = 64
+    up_block_k: int = 32
+    down_warps: int = 4
+    up_warps: int = 4
+    stages: int = 3  # Triton's default
+
+
+TILES = Tiles()
 
 
 @triton.jit
@@ -111,10 +128,12 @@ def _up_kernel(
 
 
 def fused_loras(
-    mixes: torch.Tensor, lora_down: torch.Tensor, lora_up: torch.Tensor, g1: torch.Tensor, g2: torch.Tensor
+    mixes: torch.Tensor, lora_down: torch.Tensor, lora_up: torch.Tensor, g1: torch.Tensor, g2: torch.Tensor,
+    tiles: Tiles | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(lora `[n, rows, C]`, gate `[rows, C]`) from mixes `[6, rows, C]` (1-4 rows), as
-    `loras.loras_torch` computes them."""
+    `loras.loras_torch` computes them; `tiles` None: TILES."""
+    t = TILES if tiles is None else tiles
     n, C, R = lora_down.shape
     G = g1.shape[1]
     rows = mixes.shape[1]
@@ -122,20 +141,22 @@ def fused_loras(
     assert n >= 2 and lora_up.shape == (n, R, C) and g1.shape == (C, G) and g2.shape == (G, C)
     assert mixes.stride(2) == 1 and lora_down.is_contiguous() and lora_up.is_contiguous() and g1.is_contiguous() and g2.is_contiguous()
     assert len({mixes.dtype, lora_down.dtype, lora_up.dtype, g1.dtype, g2.dtype}) == 1, "one dtype"
-    k_per_split = triton.cdiv(triton.cdiv(C, SPLITS), BLOCK_K_DOWN) * BLOCK_K_DOWN
-    splits = triton.cdiv(C, k_per_split)  # SPLITS, or fewer for a narrow model
-    # Splits past the last are zeros, so the up kernel can add SPLITS of them unconditionally.
-    allocate = torch.zeros if splits < SPLITS else torch.empty
-    partial = allocate((SPLITS, rows, n * R + G), dtype=torch.float32, device=mixes.device)
-    tiles = n * triton.cdiv(R, BLOCK_N_DOWN) + triton.cdiv(G, BLOCK_N_DOWN)
-    _down_kernel[(tiles, splits)](
+    k_per_split = triton.cdiv(triton.cdiv(C, t.splits), t.down_block_k) * t.down_block_k
+    splits = triton.cdiv(C, k_per_split)  # t.splits, or fewer for a narrow model
+    # Splits past the last are zeros, so the up kernel can add t.splits of them unconditionally.
+    allocate = torch.zeros if splits < t.splits else torch.empty
+    partial = allocate((t.splits, rows, n * R + G), dtype=torch.float32, device=mixes.device)
+    column_tiles = n * triton.cdiv(R, t.down_block_n) + triton.cdiv(G, t.down_block_n)
+    _down_kernel[(column_tiles, splits)](
         mixes, lora_down, g1, partial, rows, C, R, G, k_per_split, mixes.stride(0), mixes.stride(1),
-        N_STACK=n, ROWS_P=ROWS_P, BLOCK_N=BLOCK_N_DOWN, BLOCK_K=BLOCK_K_DOWN,
+        N_STACK=n, ROWS_P=ROWS_P, BLOCK_N=t.down_block_n, BLOCK_K=t.down_block_k,
+        num_warps=t.down_warps, num_stages=t.stages,
     )
     lora = torch.empty((n, rows, C), dtype=mixes.dtype, device=mixes.device)
     gate = torch.empty((rows, C), dtype=mixes.dtype, device=mixes.device)
-    _up_kernel[(triton.cdiv(C, BLOCK_N_UP), n + 1)](
+    _up_kernel[(triton.cdiv(C, t.up_block_n), n + 1)](
         partial, lora_up, g2, lora, gate, rows, C, R, G,
-        N_STACK=n, SPLITS=SPLITS, ROWS_P=ROWS_P, BLOCK_N=BLOCK_N_UP, BLOCK_K=BLOCK_K_UP,
+        N_STACK=n, SPLITS=t.splits, ROWS_P=ROWS_P, BLOCK_N=t.up_block_n, BLOCK_K=t.up_block_k,
+        num_warps=t.up_warps, num_stages=t.stages,
     )
     return lora, gate
