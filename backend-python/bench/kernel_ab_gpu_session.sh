@@ -10,7 +10,7 @@
 # $VARIANT is relative to the repository root and must travel (an untracked, not ignored folder).
 # Knobs: BASE=0, TESTS=0 or TESTS=variant, TEST_FILES, VARIANT_ENVS (settings that time the variant again, untested),
 # GEMV=0 (no few-row product timings), SAMPLER=1 (bench_sampler.py at batch 1, 64 and 960),
-# MODEL=0 (no model rows), FP16_MODEL=0 (the int8 model only), SHAPE (7.2b), MODEL_ARGS (more bench_model.py flags, e.g. --gemv on,off
+# MODEL=0 (no model rows), FP16_MODEL=0 (the int8 model only), INT8_MODEL=0 (the fp16 model only), BATCHES (fp16-state graph batches, 1), GRAPH_BATCHES (fp32-state graph batches, 1; empty: none), SHAPE (7.2b), MODEL_ARGS (more bench_model.py flags, e.g. --gemv on,off
 # --fused-lora on,off), INT8_ARGS (more bench_int8.py model flags, e.g. --fused-lora on,off). Output: $OUT/log.txt, and per side base-*/variant-* JSON.
 set -uo pipefail
 . "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
@@ -39,10 +39,10 @@ print({name: result.how for name, result in cuda_ops.enable_cuda_kernels().items
     timeout 240 python3 bench/bench_sampler.py --batches 1,64,960 --json "$OUT/$1-sampler.json" 2>&1 | tee -a "$log" | tail -14
   fi
   if [ "${MODEL:-1}" = 1 ] && [ "${FP16_MODEL:-1}" = 1 ]; then
-    timeout 300 python3 bench/bench_model.py --shape "${SHAPE:-7.2b}" --batches 1 --graph-batches 1 --fp16-graph-batches 1 \
+    timeout 300 python3 bench/bench_model.py --shape "${SHAPE:-7.2b}" --batches "${BATCHES:-1}" --graph-batches "${GRAPH_BATCHES-1}" --fp16-graph-batches "${BATCHES:-1}" \
         --steps 10 --skip-accuracy --wkv-chunked= ${MODEL_ARGS:-} --json "$OUT/$1-model.json" 2>&1 | tee -a "$log" | tail -8
   fi
-  if [ "${MODEL:-1}" = 1 ]; then
+  if [ "${MODEL:-1}" = 1 ] && [ "${INT8_MODEL:-1}" = 1 ]; then
     timeout 300 python3 bench/bench_int8.py model --shape "${SHAPE:-7.2b}" --cases decode1 --weights int8 ${INT8_ARGS:-} --json "$OUT/$1-int8-model.json" 2>&1 | tee -a "$log" | tail -8
   fi
 }
