@@ -156,14 +156,25 @@ __device__ __forceinline__ void norm_row8(T* __restrict__ x, const T* __restrict
   constexpr int kGroups = kRowRegs / kVec;
   float vals[kGroups][kVec];
   float sum = 0.f;
+  // VARIANT decode_latency: every group's x and delta are read before the first group's residual
+  // is stored (a later group's loads could not move above that store).
+  Raw8<T> x_raw[kGroups], delta_raw[kGroups];
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
     const int c = (threadIdx.x + g * kThreads) * kVec;
     if (c < C) {
-      load8(x + base + c, vals[g]);
+      x_raw[g] = fetch8(static_cast<const T*>(x) + base + c);
+      if (delta != nullptr) delta_raw[g] = fetch8(delta + base + c);
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    const int c = (threadIdx.x + g * kThreads) * kVec;
+    if (c < C) {
+      unpack8(x_raw[g], vals[g]);
       if (delta != nullptr) {
         float d[kVec];
-        load8(delta + base + c, d);
+        unpack8(delta_raw[g], d);
         // Round the new residual to the activation dtype first: the norm sees what is stored.
 #pragma unroll
         for (int q = 0; q < kVec; ++q) vals[g][q] = to_float(from_float<T>(vals[g][q] + d[q]));
@@ -220,6 +231,26 @@ __device__ __forceinline__ void mix8(const float (&xv)[kVec], const float (&prev
                                      const int K, T* __restrict__ out, const int64_t rows, const int64_t row, const int C,
                                      const int c) {
   float m[kVec], o[kVec];
+  // VARIANT decode_latency: up to kHoisted coefficient vectors are read before the first store (a
+  // load after a store waits for nothing, but the compiler cannot move it above a store that
+  // might alias it, and each store here needs the load before it): one wait instead of K.
+  constexpr int kHoisted = 6;  // a time-mix block's six mixes
+  if (K <= kHoisted) {
+    Raw8<T> raw[kHoisted];
+#pragma unroll
+    for (int q = 0; q < kHoisted; ++q)
+      if (q < K) raw[q] = fetch8(coef + (int64_t)q * C + c);
+#pragma unroll
+    for (int q = 0; q < kHoisted; ++q) {
+      if (q < K) {
+        unpack8(raw[q], m);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) o[j] = xv[j] + (prev[j] - xv[j]) * m[j];
+        store8(out + ((int64_t)q * rows + row) * C + c, o);
+      }
+    }
+    return;
+  }
   for (int q = 0; q < K; ++q) {
     load8(coef + (int64_t)q * C + c, m);
 #pragma unroll
