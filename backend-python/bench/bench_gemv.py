@@ -8,6 +8,7 @@ CUDA graph of many calls (as a decode step runs), plus one whole layer's product
 from __future__ import annotations
 
 import argparse
+import itertools
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -65,6 +66,13 @@ def _graph_time(fn, calls: int, repeats: int) -> float:
     return start.elapsed_time(end) * 1000 / (calls * repeats)
 
 
+def rotating_graph_time(fn, operand_sets: list, calls: int, repeats: int) -> float:
+    """us per call of `fn(*operands)`, the calls cycling through `operand_sets` (weight copies that
+    together overflow the L2, so no call finds its weights cached), `calls` of them per graph."""
+    sets = itertools.cycle(operand_sets)
+    return _graph_time(lambda: fn(*next(sets)), calls=calls, repeats=repeats)
+
+
 def _operands(batch: int | None, rows: int, K: int, N: int) -> tuple[torch.Tensor, torch.Tensor]:
     lead = () if batch is None else (batch,)
     # Several copies of the weights, cycled, so that no call finds them in the 50 MB L2.
@@ -80,14 +88,7 @@ def bench_product(name: str, batch: int | None, K: int, N: int, rows: int, calls
     torch_fn = torch.bmm if batch else torch.mm
     results = []
     for kernel, fn in (("gemv", linear.gemv), ("cublas", torch_fn)):
-        state = {"i": 0}
-
-        def call(fn=fn, state=state) -> torch.Tensor:
-            x, W = operands[state["i"] % len(operands)]
-            state["i"] += 1
-            return fn(x, W)
-
-        us = _graph_time(call, calls=len(operands) * max(1, calls // len(operands)), repeats=repeats)
+        us = rotating_graph_time(fn, operands, calls=len(operands) * max(1, calls // len(operands)), repeats=repeats)
         results.append(Result(name, rows, kernel, us, weight_bytes / us / 1e6))
     return results
 

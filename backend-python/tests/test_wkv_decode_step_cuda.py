@@ -77,7 +77,7 @@ def _assert_identical(o: dict[str, object]) -> None:
     "dtype, state_dtype",
     [(torch.float16, torch.float16), (torch.float16, torch.float32), (torch.bfloat16, torch.bfloat16), (torch.bfloat16, torch.float32), (torch.float32, torch.float32)],
 )
-@pytest.mark.parametrize("rows", [1, 3, 64, 2048])  # 2048 x 2 heads: more items than any GPU holds blocks at once
+@pytest.mark.parametrize("rows", [1, 3, 64, 2048])  # 2048 x 2 heads: several waves of blocks on any GPU, in every dtype
 @pytest.mark.parametrize("block0", [False, True])
 def test_the_step_is_bit_identical_to_the_three_ops(rows: int, block0: bool, dtype: torch.dtype, state_dtype: torch.dtype) -> None:
     _assert_identical(_operands(rows, 2, block0, dtype, state_dtype, seed=rows + 7 * block0))
