@@ -374,9 +374,12 @@ class AlbatrossRWKV(AbstractRWKV):
         return result
 
 
-def create_backend(model_path: str, strategy: str, settings: ServerSettings) -> AlbatrossRWKV:
+def create_backend(
+    model_path: str, strategy: str, settings: ServerSettings, device_step_factory: DeviceStepFactory | None = None
+) -> AlbatrossRWKV:
     """The runner's factory (runner/backends.py). The state cache seam: pass `state_store=` or
-    `state_store_factory=` (called with the model's fingerprint and device once it has loaded)."""
+    `state_store_factory=` (called with the model's fingerprint and device once it has loaded).
+    `device_step_factory` is the benchmarks' seam (bench/bench_server.py): None, the real step."""
     from albatross_engine.state_cache import build_state_cache
 
     config = parse_albatross_strategy(strategy)
@@ -389,7 +392,8 @@ def create_backend(model_path: str, strategy: str, settings: ServerSettings) -> 
         return build_state_cache(sized, fingerprint, device)
 
     factory = state_cache if settings is not None else None  # no server settings (scripts): no cache
-    return AlbatrossRWKV(model_path, config.worker_num, config.batch_size, settings=settings, state_store_factory=factory, **extras)
+    return AlbatrossRWKV(model_path, config.worker_num, config.batch_size, settings=settings, state_store_factory=factory,
+                         device_step_factory=device_step_factory, **extras)  # fmt: skip
 
 
 # ---------------------------------------------------------------------------- models and devices

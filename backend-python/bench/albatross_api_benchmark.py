@@ -11,6 +11,11 @@ carry). Prints a table and writes JSON.
 
 CPU check with a tiny model: `--concurrency 1,4 --max-tokens 8`. At hundreds of streams add
 `--client-procs 8`: one Python client process cannot parse that many events a second.
+
+Against `bench/bench_server.py`, `--device-report` reads the server's device report before and
+after each level and prints the level's own: with `--device-step profiled`, the GPU time of each
+kind of step, the mixed steps' time fit and the GPU's idle time between steps, so an HTTP run's
+time can be split into the device's and the host's.
 """
 
 from __future__ import annotations
@@ -28,7 +33,8 @@ from pathlib import Path
 
 import httpx
 
-from timeline import print_timeline, timeline_point  # bench/ is the script's folder
+from step_report import print_device_report  # bench/ is the script's folder
+from timeline import print_timeline, timeline_point
 
 WORDS = ("river", "engine", "quiet", "lantern", "orbit", "maple", "signal", "harbor", "copper", "meadow")
 
@@ -55,6 +61,16 @@ class LevelSummary:
     ttft_ms: dict[str, float]
     inter_token_ms: dict[str, float]
     timeline: list[dict[str, float]] = field(default_factory=list)
+    device_report: list[dict[str, object]] = field(default_factory=list)  # one per worker (--device-report)
+
+
+def read_device_report(args: argparse.Namespace) -> list[dict[str, object]]:
+    """bench_server.py's device reports: what each worker's device did since the previous read."""
+    headers = {"Authorization": f"Bearer {args.password}"} if args.password else {}
+    answer = httpx.get(f"{args.url}/bench/device-report", headers=headers, timeout=60.0)
+    answer.raise_for_status()
+    workers: list[dict[str, object]] = answer.json()["workers"]
+    return workers
 
 
 class StatusPoller:
@@ -207,6 +223,8 @@ def run_level(args: argparse.Namespace, concurrency: int) -> LevelSummary:
     rng = random.Random(args.seed + concurrency)
     bodies = [make_body(args, rng) for _ in range(total)]
     procs = max(1, min(args.client_procs, concurrency))
+    if args.device_report:
+        read_device_report(args)  # drop what the device did before this level
     with StatusPoller(args) as poller:
         if procs == 1:
             results, started, ended = asyncio.run(run_lanes(args, bodies, concurrency))
@@ -233,6 +251,7 @@ def run_level(args: argparse.Namespace, concurrency: int) -> LevelSummary:
         ttft_ms=percentiles([r.ttft_s for r in good if r.chunk_times]),
         inter_token_ms=percentiles([g for r in good for g in inter_token_gaps(r)]),
         timeline=poller.points,
+        device_report=read_device_report(args) if args.device_report else [],
     )
 
 
@@ -252,6 +271,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--client-procs", type=int, default=1, help="client processes sharing the streams of a level")
     parser.add_argument("--poll-interval", type=float, default=0.5, help="seconds between /status samples")
+    parser.add_argument("--device-report", action="store_true", help="print each level's device report (bench/bench_server.py)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
 
@@ -263,6 +283,8 @@ def main(argv: list[str] | None = None) -> None:
         print(f"concurrency {level}: {summary.tokens_per_s:.1f} tok/s", flush=True)
         if level >= 64:
             print_timeline(summary.timeline, max(args.poll_interval, summary.wall_s / 40))
+        for index, report in enumerate(summary.device_report):
+            print_device_report(report, f" of worker {index} at concurrency {level}")
 
     print(f"\n{args.url} {args.route} max_tokens={args.max_tokens}")
     print(f"{'conc':>6}{'reqs':>6}{'fail':>6}{'gen tok':>10}{'wall s':>9}{'tok/s':>10}"

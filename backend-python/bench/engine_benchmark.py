@@ -37,7 +37,8 @@ from albatross import cuda_ops
 from albatross.model import RWKV7
 from albatross.random_checkpoint import random_state_dict
 from albatross_engine.adapter import AlbatrossRWKV, parse_random_spec
-from step_profile import ProfiledDevice, print_report  # bench/ is the script's folder
+from step_profile import ProfiledDevice  # bench/ is the script's folder
+from step_report import print_report
 from timeline import print_timeline, timeline_point
 from runner.interface import GenerationRequest, SamplingParams
 

@@ -7,7 +7,9 @@
 # LEVELS, SHAPE, TEST_TIMEOUT, TEST_PATHS, ENGINE_STATE_DTYPES, ENGINE_ARGS (extra engine_benchmark.py flags),
 # ITL_TARGETS (e.g. "0 150": one engine run per adaptive prefill budget target, 0 = the static budget), PYSPY=1 (sample the
 # server's threads during the first HTTP load), SWITCH_INTERVALS (e.g. "0.0005": restart the server
-# with that sys.setswitchinterval and repeat the chat-route load).
+# with that sys.setswitchinterval and repeat the chat-route load), DEVICE_STEP=profiled (serve through
+# bench/bench_server.py with CUDA events around every step, and print each HTTP level's step profile:
+# GPU time per kind of step, the mixed steps' fit, the GPU's idle time between steps).
 set -uo pipefail
 . "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/log.txt"
@@ -36,8 +38,10 @@ if [ "${ENGINE:-1}" = 1 ]; then
 fi
 
 start_server() {  # $1: sys.setswitchinterval value, or "" for Python's default
-  python3 -c "import sys, runpy; sys.setswitchinterval(float('$1')) if '$1' else None; sys.argv = sys.argv[1:]; runpy.run_path('main.py', run_name='__main__')" \
-    main.py --model-path "random:${SHAPE:-7.2b}" --strategy "albatross workers=1 batch=960" --port 8123 --max-tokens 4096 >>"$OUT/server.log" 2>&1 &
+  local script=main.py device_step=()
+  if [ -n "${DEVICE_STEP:-}" ]; then script=bench/bench_server.py device_step=(--device-step "$DEVICE_STEP"); fi
+  python3 -c "import sys, runpy; sys.setswitchinterval(float('$1')) if '$1' else None; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')" \
+    "$script" "${device_step[@]}" --model-path "random:${SHAPE:-7.2b}" --strategy "albatross workers=1 batch=960" --port 8123 --max-tokens 4096 >>"$OUT/server.log" 2>&1 &
   server=$!
   for _ in $(seq 1 150); do
     if python3 -c "import httpx,sys; sys.exit(0 if httpx.get('http://127.0.0.1:8123/status').json().get('status') == 3 else 1)" 2>/dev/null; then return; fi
@@ -49,7 +53,7 @@ start_server() {  # $1: sys.setswitchinterval value, or "" for Python's default
 api() {  # $1: json name; the rest: extra benchmark flags
   local name=$1; shift
   timeout 300 python3 bench/albatross_api_benchmark.py --url http://127.0.0.1:8123 --concurrency "${LEVELS:-1,64,960}" \
-      --max-tokens 256 --prompt-words 200 --client-procs 8 --json "$OUT/$name.json" "$@" 2>&1 | tee -a "$OUT/log.txt" | tail -50
+      --max-tokens 256 --prompt-words 200 --client-procs 8 --json "$OUT/$name.json" ${DEVICE_STEP:+--device-report} "$@" 2>&1 | tee -a "$OUT/log.txt" | tail -50
 }
 
 if [ "${HTTP:-1}" = 1 ]; then

@@ -26,6 +26,8 @@ import torch
 
 from albatross.constraints import MASK_WORDS
 from albatross.model import RWKV7
+from albatross.sampler import PenaltyPool
+from albatross.state import SlotState
 from albatross_engine.device_step import IssuedStep, MaskedRows
 from albatross_engine.scheduler import StepPlan
 
@@ -99,6 +101,9 @@ class SimulatedDeviceStep:
         self._masks = np.zeros((batch_size, MASK_WORDS), dtype=np.int32)
         self._masked_rows: dict[int, list[int]] = {}  # id(issued) -> the sample rows of its masked rows
         self.pick_s = 0.0  # host time spent picking the simulated masked samples (not the engine's)
+        # The stand-in model's states: a server's state cache reads and writes real (tiny) states.
+        self.pool = model.new_pool(batch_size, torch.float32)
+        self._penalties: PenaltyPool | None = None
 
     def issue(self, plan: StepPlan) -> IssuedStep:
         issued = IssuedStep(plan)
@@ -139,19 +144,36 @@ class SimulatedDeviceStep:
             k = mask_index[n]
             ids[sample_row] = 32 * int(pick[k]) + int(bits[k]) if k >= 0 else self._rng.randrange(1, 65530)
         issued.host_ids = torch.tensor(ids, dtype=torch.int64)
-        self.pick_s += time.perf_counter() - started
+        with self.clock.lock:  # report() reads and resets it from another thread
+            self.pick_s += time.perf_counter() - started
         issued.copied = _Done(self.clock.run_after(self.masked_ms))  # type: ignore[assignment]
 
     def report(self) -> dict[str, object]:
+        """The device's figures since the previous report."""
         with self.clock.lock:
-            idle = dict(self.clock.idle_by_kind)
-            return {"busy_s": self.clock.busy, "idle_s": sum(idle.values()), "idle_by_kind_s": idle, "pick_s": self.pick_s}
+            idle, busy = self.clock.idle_by_kind, self.clock.busy
+            self.clock.idle_by_kind, self.clock.busy = {}, 0.0
+            pick, self.pick_s = self.pick_s, 0.0
+        return {"busy_s": busy, "idle_s": sum(idle.values()), "idle_by_kind_s": idle, "pick_s": pick}
+
+    @property
+    def penalties(self) -> PenaltyPool:
+        """Built at the first request whose prompt seeds penalties (a [batch, vocab] pair: not up front)."""
+        if self._penalties is None:
+            self._penalties = PenaltyPool(self.pool.batch_size, self.vocab_size)
+        return self._penalties
 
     def reset_slots(self, slots: list[int]) -> None:
-        pass
+        self.pool.reset(slots)
 
     def copy_slot(self, source: int, targets: list[int]) -> None:
-        pass
+        self.pool.copy(source, targets)
+
+    def read_state(self, slot: int) -> SlotState:
+        return self.pool.read(slot)
+
+    def write_state(self, slot: int, state: SlotState) -> None:
+        self.pool.write(slot, state)
 
     def forget_last_step(self, step: IssuedStep | None = None) -> None:
         pass

@@ -14,6 +14,7 @@ riding decode row cost.
 
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import dataclass
 
@@ -47,8 +48,11 @@ class _Step:
 
 
 class StepProfiler:
+    """Each `report()` covers the steps since the previous one (a server's warm-up can be read off)."""
+
     def __init__(self, device_step: object) -> None:
         self._steps: list[_Step] = []
+        self._lock = threading.Lock()  # the worker appends, a report (another thread) takes the list
         original = device_step.issue  # type: ignore[attr-defined]
 
         def issue(plan):  # type: ignore[no-untyped-def]
@@ -59,15 +63,18 @@ class StepProfiler:
             host_ms = 1000 * (time.perf_counter() - began)
             end.record()
             chunks = [row.stop - row.start for row in plan.rows if row.kind is RowKind.PREFILL]
-            self._steps.append(_Step(start, end, host_ms, plan.decode_tokens, plan.prefill_tokens, max(chunks, default=0)))
+            with self._lock:
+                self._steps.append(_Step(start, end, host_ms, plan.decode_tokens, plan.prefill_tokens, max(chunks, default=0)))
             return issued
 
         device_step.issue = issue  # type: ignore[attr-defined]
 
     def report(self) -> dict[str, object]:
-        """The figures (for the benchmark's JSON); `print_report` prints them."""
+        """The figures of the steps since the previous report (for the benchmark's JSON);
+        `print_report` prints them."""
+        with self._lock:
+            steps, self._steps = self._steps, []
         torch.cuda.synchronize()
-        steps = self._steps
         if not steps:
             return {}
         spans = [s.start.elapsed_time(s.end) for s in steps]
@@ -102,18 +109,3 @@ class StepProfiler:
             coef = torch.linalg.lstsq(design, target).solution.squeeze(1).tolist()
             fit = {"ms": coef[0], "us_per_prefill_token": 1000 * coef[1], "us_per_decode_row": 1000 * coef[2]}
         return {"steps": len(steps), "total_s": total / 1000, "idle_between_steps_s": sum(gaps) / 1000, "groups": table, "mixed_fit": fit}
-
-
-def print_report(report: dict[str, object], label: str = "") -> None:
-    """The table of one device's `StepProfiler.report()`."""
-    if not report:
-        return
-    print(f"\nstep profile{label}: {report['steps']} steps, {report['total_s']:.2f} s from the first step's start to the last's end; "
-          f"GPU idle between steps {report['idle_between_steps_s']:.2f} s")  # fmt: skip
-    print(f"{'kind':>14}{'steps':>7}{'GPU s':>8}{'ms/step':>9}{'gap ms':>8}{'host ms':>9}{'decode rows':>13}{'prefill tok':>13}{'chunk':>7}")
-    for key, row in report["groups"].items():  # type: ignore[attr-defined]
-        print(f"{key:>14}{row['steps']:>7}{row['gpu_s']:>8.2f}{row['ms_per_step']:>9.1f}{row['gap_ms']:>8.2f}{row['host_ms']:>9.1f}"
-              f"{row['decode_rows']:>13.0f}{row['prefill_tokens']:>13.0f}{row['longest_chunk']:>7.0f}")  # fmt: skip
-    fit = report.get("mixed_fit")
-    if isinstance(fit, dict):
-        print(f"mixed steps: ms = {fit['ms']:.2f} + {fit['us_per_prefill_token']:.2f} us * prefill_tokens + {fit['us_per_decode_row']:.2f} us * decode_rows")

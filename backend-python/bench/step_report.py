@@ -1,0 +1,28 @@
+"""Printing a device's report: the profiled device's step table (step_profile.py's `StepProfiler`)
+or the simulated device's busy and idle time (simulated_device.py). Plain data in, text out, so an
+HTTP client can print the server's reports without importing torch."""
+
+from __future__ import annotations
+
+
+def print_report(report: dict[str, object], label: str = "") -> None:
+    """The table of one device's `StepProfiler.report()`."""
+    if not report:
+        return
+    print(f"\nstep profile{label}: {report['steps']} steps, {report['total_s']:.2f} s from the first step's start to the last's end; "
+          f"GPU idle between steps {report['idle_between_steps_s']:.2f} s")  # fmt: skip
+    print(f"{'kind':>14}{'steps':>7}{'GPU s':>8}{'ms/step':>9}{'gap ms':>8}{'host ms':>9}{'decode rows':>13}{'prefill tok':>13}{'chunk':>7}")
+    for key, row in report["groups"].items():  # type: ignore[attr-defined]
+        print(f"{key:>14}{row['steps']:>7}{row['gpu_s']:>8.2f}{row['ms_per_step']:>9.1f}{row['gap_ms']:>8.2f}{row['host_ms']:>9.1f}"
+              f"{row['decode_rows']:>13.0f}{row['prefill_tokens']:>13.0f}{row['longest_chunk']:>7.0f}")  # fmt: skip
+    fit = report.get("mixed_fit")
+    if isinstance(fit, dict):
+        print(f"mixed steps: ms = {fit['ms']:.2f} + {fit['us_per_prefill_token']:.2f} us * prefill_tokens + {fit['us_per_decode_row']:.2f} us * decode_rows")
+
+
+def print_device_report(report: dict[str, object], label: str = "") -> None:
+    """Either kind of report: the profiled device's table, the simulated device's one line."""
+    if "groups" in report:
+        print_report(report, label)
+    elif report:
+        print(f"\nsimulated device{label}: busy {report['busy_s']:.2f} s, idle between steps {report['idle_s']:.2f} s")
