@@ -9,7 +9,9 @@
 # server's threads during the first HTTP load), SWITCH_INTERVALS (e.g. "0.0005": restart the server
 # with that sys.setswitchinterval and repeat the chat-route load), DEVICE_STEP=profiled (serve through
 # bench/bench_server.py with CUDA events around every step, and print each HTTP level's step profile:
-# GPU time per kind of step, the mixed steps' fit, the GPU's idle time between steps).
+# GPU time per kind of step, the mixed steps' fit, the GPU's idle time between steps), MIXED=1
+# (bench/mixed_step_cost.py: a mixed step's time on a grid of prompt tokens x decode rows, the engine's
+# one-forward step against graph decode + a prefill forward; MIXED_CHUNKS, default "128,256").
 set -uo pipefail
 . "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/log.txt"
@@ -21,6 +23,11 @@ fi
 
 if [ "${MODEL:-0}" = 1 ]; then
   timeout "${MODEL_TIMEOUT:-200}" python3 bench/bench_model.py ${BENCH_ARGS:-} 2>&1 | tee -a "$OUT/log.txt" | tail -60
+fi
+
+if [ "${MIXED:-0}" = 1 ]; then
+  timeout "${MIXED_TIMEOUT:-400}" python3 bench/mixed_step_cost.py --shape "${SHAPE:-7.2b}" --chunks "${MIXED_CHUNKS:-128,256}" --reps 3 \
+      --json "$OUT/mixed_step_cost.json" 2>&1 | tee -a "$OUT/log.txt" | tail -60
 fi
 
 if [ "${ENGINE:-1}" = 1 ]; then
