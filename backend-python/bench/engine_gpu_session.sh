@@ -28,6 +28,10 @@ fi
 if [ "${MIXED:-0}" = 1 ]; then
   timeout "${MIXED_TIMEOUT:-400}" python3 bench/mixed_step_cost.py --shape "${SHAPE:-7.2b}" --chunks "${MIXED_CHUNKS:-128,256}" --reps 3 \
       --json "$OUT/mixed_step_cost.json" 2>&1 | tee -a "$OUT/log.txt" | tail -60
+  # One prompt's step at 128 .. 4,096 tokens (the chunked WKV kernel from 512 for one slot), alone and
+  # next to 480 decoding streams: what feeding a lone 4,096-token prompt costs in chunks of each size.
+  timeout "${MIXED_TIMEOUT:-400}" python3 bench/mixed_step_cost.py --shape "${SHAPE:-7.2b}" --one-prompt \
+      --prompt-tokens 128,256,512,1024,2048,4096 --decode-rows 0,480 --reps 3 --json "$OUT/mixed_step_long.json" 2>&1 | tee -a "$OUT/log.txt" | tail -32
 fi
 
 if [ "${ENGINE:-1}" = 1 ]; then

@@ -22,6 +22,10 @@ Then least-squares fits over the grid, per chunk size: `ms = a + b * P + c * R` 
 serving), and `ms = a + c * R` for `graph decode`. The state pool holds every row of the largest
 cell (decode slots first, then one slot per chunk) in the engine's GPU state dtype. A CPU run with
 a tiny shape (`--shape 2x64 --device cpu`) checks the script, not the figures.
+
+`--one-prompt` makes each cell one chunk of P tokens (one slot): a lone prompt's step, so the
+table also says what feeding the longest P takes in steps of each shorter P (a lone long prompt's
+time to first token under each chunk size; the chunked WKV kernel takes one slot from 512 tokens).
 """
 
 from __future__ import annotations
@@ -219,6 +223,18 @@ def print_tables(cells: list[Cell], decode_ms: dict[int, float], fits: list[Fit]
         print(f"{f.way:>13}{f.chunk or '-':>7}{f.base_ms:>10.2f}{f.us_per_prompt_token:>15.3f}{f.us_per_decode_row:>15.3f}{f.worst_residual_ms:>19.2f}")
 
 
+def print_lone_prompt(cells: list[Cell]) -> None:
+    """The longest prompt fed in steps of each shorter chunk: steps x that chunk's step time."""
+    longest = max(c.prompt_tokens for c in cells)
+    print(f"\na lone prompt of {longest} tokens fed in chunks of C tokens (steps x the step's mixed ms):")
+    print(f"{'C':>7}{'decode rows':>13}{'steps':>7}{'ms':>10}{'prompt tok/s':>14}")
+    for c in cells:
+        if c.prompt_tokens and longest % c.prompt_tokens == 0:
+            steps = longest // c.prompt_tokens
+            total = steps * c.ms["mixed"]
+            print(f"{c.prompt_tokens:>7}{c.decode_rows:>13}{steps:>7}{total:>10.1f}{1000 * longest / total:>14,.0f}")
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x]
 
@@ -231,13 +247,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompt-tokens", default="0,2048,4096,8192,16384", help="multiples of every chunk size")
     parser.add_argument("--chunks", default="128", help="prompt chunk sizes (the engine's prefill_chunk)")
     parser.add_argument("--state-dtype", default=None, choices=("fp16", "fp32"), help="default: fp16 on a GPU, fp32 on the CPU (the engine's)")
+    parser.add_argument("--one-prompt", action="store_true", help="each cell one chunk of P tokens (--chunks ignored)")
     parser.add_argument("--no-graphs", action="store_true", help="decode rows eager in the split and decode ways too")
     parser.add_argument("--reps", type=int, default=5)
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     device = torch.device(args.device)
     decode_rows, prompt_tokens, chunks = _ints(args.decode_rows), _ints(args.prompt_tokens), _ints(args.chunks)
-    odd = [(p, c) for p in prompt_tokens for c in chunks if p % c]
+    odd = [] if args.one_prompt else [(p, c) for p in prompt_tokens for c in chunks if p % c]
     if odd:
         raise SystemExit(f"--prompt-tokens must be multiples of every chunk size; {odd[0][0]} is not of {odd[0][1]}")
     gpu = device.type == "cuda"
@@ -248,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
     shape, _ = parse_random_spec(args.shape)
     built = time.perf_counter()
     model = RWKV7.from_state_dict(random_state_dict(shape, seed=0, device=device, dtype=dtype), device, dtype, progress=False)
-    rows = max(decode_rows) + max(p // min(chunks) for p in prompt_tokens)
+    rows = max(decode_rows) + (1 if args.one_prompt else max(p // min(chunks) for p in prompt_tokens))
     pool = StatePool(model, rows + 1, state_dtype)  # + the decode graphs' scratch slot
     graphs = None
     if gpu and not args.no_graphs and max(decode_rows) > 0:
@@ -257,16 +274,18 @@ def main(argv: list[str] | None = None) -> None:
           f"decode {'graphs' if graphs else 'eager'}, built in {time.perf_counter() - built:.1f}s", flush=True)  # fmt: skip
     grid = Grid(model, pool, graphs, Timer(device, args.reps))
     cells = []
-    for chunk in chunks:
-        for p in prompt_tokens:
-            for r in decode_rows:
-                if p or r:
-                    cells.append(grid.cell(chunk, p, r))
-                    print(asdict(cells[-1]), flush=True)
+    plan = [(p, p) for p in prompt_tokens if p] if args.one_prompt else [(chunk, p) for chunk in chunks for p in prompt_tokens]
+    for chunk, p in plan:
+        for r in decode_rows:
+            if p or r:
+                cells.append(grid.cell(chunk or 1, p, r))
+                print(asdict(cells[-1]), flush=True)
     decode_ms = {r: grid.graph_decode(r) for r in decode_rows if r}
     print(f"graph decode ms by rows: {decode_ms}", flush=True)
-    fits = grid_fits(cells, decode_ms)
+    fits = [] if args.one_prompt else grid_fits(cells, decode_ms)
     print_tables(cells, decode_ms, fits)
+    if args.one_prompt:
+        print_lone_prompt(cells)
     if args.json:
         figures = {"shape": args.shape, "state_dtype": str(state_dtype), "graphs": graphs is not None, "cells": [asdict(c) for c in cells],
                    "graph_decode_ms": decode_ms, "fits": [asdict(f) for f in fits]}  # fmt: skip

@@ -40,3 +40,13 @@ def test_the_script_times_every_cell_on_a_tiny_model(tmp_path: Path) -> None:
     assert all(set(ms) == ({"mixed", "split"} if p and r else {"mixed"}) for (p, r), ms in cells.items())
     assert set(figures["graph_decode_ms"]) == {"2", "3"}
     assert {f["way"] for f in figures["fits"]} == {"mixed", "split", "graph decode"}
+
+
+def test_one_prompt_cells_are_one_chunk_each(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "long.json"
+    mixed_step_cost.main(["--shape", "1x64", "--device", "cpu", "--one-prompt", "--prompt-tokens", "4,8", "--decode-rows", "0,2",
+                          "--reps", "1", "--json", str(out)])  # fmt: skip
+    cells = json.loads(out.read_text())["cells"]
+    assert {(c["chunk"], c["prompt_tokens"], c["decode_rows"]) for c in cells} == {(4, 4, 0), (4, 4, 2), (8, 8, 0), (8, 8, 2)}
+    lone = capsys.readouterr().out.split("a lone prompt of 8 tokens")[1].splitlines()[2:]
+    assert [line.split()[:3] for line in lone] == [["4", "0", "2"], ["4", "2", "2"], ["8", "0", "1"], ["8", "2", "1"]]
