@@ -21,7 +21,7 @@ from albatross import linear, loras, norm_mix, ops, wkv_decode
 from albatross.checkpoint import ModelConfig, fingerprint, read_state_dict, resolve_checkpoint_path, validate_state_dict
 from albatross.dtypes import DTYPES, SUPPORTED_DTYPES, default_dtype_name, dtype_named
 from albatross.quant import DEFAULT_WEIGHT_FORMAT, LARGE_MATRICES, Int8Weight, check_weight_format, quantize
-from albatross.state import StatePool
+from albatross.state import SlotState, StatePool
 
 _ATT_MIX = ("x_r", "x_k", "x_v", "x_w", "x_a", "x_g")  # r, k, v first: their mixes feed one bmm
 # Fields that are views of a stack (counted once, through the stack).
@@ -300,10 +300,33 @@ class RWKV7:
         return list(logits.split(lengths))
 
     @torch.inference_mode()
-    def forward_batch(self, pool: StatePool, batch: ops.FlatBatch, token_ids: torch.Tensor, full_output: bool = False) -> torch.Tensor:
+    def forward_saving(
+        self, pool: StatePool, slots: Sequence[int], tokens: Sequence[Sequence[int]], cuts: Sequence[Sequence[int]]
+    ) -> tuple[torch.Tensor, list[list[SlotState]]]:
+        """`forward`, also returning the states each slot passes through: slot s's after its first
+        `cuts[s][j]` tokens (increasing, within [1, len(tokens[s])) ), as device tensors of the
+        pool's dtypes. The prefix cache saves these at its boundaries inside a long chunk, so the
+        chunk need not be fed one boundary a step."""
+        slot_list, lengths, flat = self._validate(pool, slots, tokens)
+        if len(cuts) != len(slot_list):
+            raise ValueError(f"got {len(slot_list)} slots but {len(cuts)} lists of cuts")
+        if not any(cuts):
+            logits = self.forward(pool, slot_list, tokens)
+            assert isinstance(logits, torch.Tensor)
+            return logits, [[] for _ in slot_list]
+        batch = ops.FlatBatch.build(slot_list, lengths, self.device)
+        saving = Checkpoints.build(self, pool, batch, tuple(tuple(c) for c in cuts))
+        logits = self.forward_batch(pool, batch, ops.host_to_device(flat, self.device), checkpoints=saving)
+        return logits, saving.states()
+
+    @torch.inference_mode()
+    def forward_batch(
+        self, pool: StatePool, batch: ops.FlatBatch, token_ids: torch.Tensor, full_output: bool = False, checkpoints: Checkpoints | None = None
+    ) -> torch.Tensor:
         """`forward` from device tensors only (no host work, no syncs, so it can be captured in a
         CUDA graph): `token_ids` are the flat rows of `batch`. Returns fp32 logits of each slot's
-        last row `[slots, V]`, or of every row `[rows, V]` with `full_output`."""
+        last row `[slots, V]`, or of every row `[rows, V]` with `full_output`. `checkpoints`
+        collects the states of `forward_saving`."""
         x = self.emb.index_select(0, token_ids)
         v_first = x  # replaced by block 0's value before any use
         # Each block's channel-mix output is added to x by the next residual layer norm (in place).
@@ -311,8 +334,12 @@ class RWKV7:
         for index, layer in enumerate(self.layers):
             att_shift, ffn_shift, wkv = pool.layer(index)
             mixes = norm_mix.norm_mix(x, pending, layer.ln1_weight, layer.ln1_bias, att_shift, batch, layer.att_mix)
-            out, v_first = self._time_mix(index, layer, mixes, v_first, wkv, batch)
+            if checkpoints is not None:  # x is now the block's input: its norm is the token shift's state
+                checkpoints.att_shift[index] = ops.add_layer_norm(x.index_select(0, checkpoints.rows), None, layer.ln1_weight, layer.ln1_bias)
+            out, v_first = self._time_mix(index, layer, mixes, v_first, wkv, batch, checkpoints)
             xk = norm_mix.norm_mix(x, out, layer.ln2_weight, layer.ln2_bias, ffn_shift, batch, layer.ffn_mix)
+            if checkpoints is not None:
+                checkpoints.ffn_shift[index] = ops.add_layer_norm(x.index_select(0, checkpoints.rows), None, layer.ln2_weight, layer.ln2_bias)
             pending = self._channel_mix(layer, xk)
         if not full_output and len(batch.lengths) != x.shape[0]:  # some slot has several rows
             x = x.index_select(0, batch.last_rows)
@@ -355,6 +382,7 @@ class RWKV7:
         v_first: torch.Tensor,
         wkv_state: torch.Tensor,
         batch: ops.FlatBatch,
+        checkpoints: Checkpoints | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # Few, large ops: at batch 1 the step is bound by the host's per-op cost. `mixes` are the
         # six token-shift mixes of the block's normed input (norm_mix).
@@ -369,12 +397,54 @@ class RWKV7:
         else:
             assert layer.v0 is not None and stacked == 3
             v_lora, first = lora[0], v_first
-        y = wkv_decode.prep_wkv_gate(wkv_state, batch, (r, k, v), g, (v_lora, w_lora, a_lora), first, self._step_weights[index])
+        saving = None if checkpoints is None else (checkpoints.cuts, checkpoints.wkv[index])
+        y = wkv_decode.prep_wkv_gate(wkv_state, batch, (r, k, v), g, (v_lora, w_lora, a_lora), first, self._step_weights[index], saving)
         return linear.mm(y, layer.output), v_first
 
     def _channel_mix(self, layer: LayerWeights, xk: torch.Tensor) -> torch.Tensor:
         """The channel mix of `xk`, the token-shift mix of the block's second normed input."""
         return linear.mm(ops.relu_square(linear.mm(xk, layer.ffn_key)), layer.ffn_value)
+
+
+@dataclass(slots=True)
+class Checkpoints:
+    """What `forward_saving` captures: per checkpoint (in order of slot, then cut) the token
+    shift's states of every layer (the norms of the checkpoint's last row, which the pool keeps
+    for a slot's last row) and the WKV state after that row, in buffers of the pool's dtypes."""
+
+    cuts: tuple[tuple[int, ...], ...]
+    rows: torch.Tensor  # int64 [checkpoints]: each checkpoint's last row in the call
+    att_shift: torch.Tensor  # [L, checkpoints, C]
+    ffn_shift: torch.Tensor  # [L, checkpoints, C]
+    wkv: torch.Tensor  # [L, checkpoints, H, N, N]
+
+    @classmethod
+    def build(cls, model: RWKV7, pool: StatePool, batch: ops.FlatBatch, cuts: tuple[tuple[int, ...], ...]) -> Checkpoints:
+        rows = []
+        start = 0
+        for length, slot_cuts in zip(batch.lengths, cuts):
+            if list(slot_cuts) != sorted(set(slot_cuts)) or (slot_cuts and not 1 <= slot_cuts[0] <= slot_cuts[-1] < length):
+                raise ValueError(f"cuts {list(slot_cuts)} must increase within [1, {length})")
+            rows += [start + cut - 1 for cut in slot_cuts]
+            start += length
+        config, count = model.config, len(rows)
+        shifts = (config.n_layer, count, config.n_embd)
+        return cls(
+            cuts=cuts,
+            rows=ops.host_to_device(torch.tensor(rows, dtype=torch.int64), model.device),
+            att_shift=torch.empty(shifts, dtype=pool.dtype, device=model.device),
+            ffn_shift=torch.empty(shifts, dtype=pool.dtype, device=model.device),
+            wkv=torch.empty(config.n_layer, count, config.n_head, config.head_size, config.head_size, dtype=pool.state_dtype, device=model.device),
+        )
+
+    def states(self) -> list[list[SlotState]]:
+        """Per slot, its captured states in cut order (views of the buffers: copy before reuse)."""
+        out: list[list[SlotState]] = []
+        index = 0
+        for slot_cuts in self.cuts:
+            out.append([SlotState(self.att_shift[:, j], self.ffn_shift[:, j], self.wkv[:, j]) for j in range(index, index + len(slot_cuts))])
+            index += len(slot_cuts)
+        return out
 
 
 def _transposed_to(matrix: torch.Tensor, device: torch.device, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:

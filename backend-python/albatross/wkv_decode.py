@@ -77,11 +77,15 @@ def prep_wkv_gate(
     loras: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor],
     v_first: torch.Tensor | None,
     weights: StepWeights,
+    saving: tuple[tuple[tuple[int, ...], ...], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The time mix's output before its projection `[T, C]`, from r, k, v, the gate g and the
     (value, decay, in-context rate) LoRA outputs; k and v (blocks 1+) are updated in place as
     `wkv_prep` does, and the slots' WKV states advance. The value LoRA, `v_first` and `weights.v0`
-    are None in block 0, which has no value residual."""
+    are None in block 0, which has no value residual. `saving` (cuts, captures): the WKV states
+    to capture inside the call (wkv_dispatch.wkv7), which only the three ops' path does."""
+    if saving is not None:
+        return prep_wkv_gate_torch(state, batch, rkv, g, loras, v_first, weights, saving)
     if step_op_applies(rkv[1], batch):
         r, k, v = rkv
         v_lora, w_lora, a_lora = loras
@@ -105,10 +109,12 @@ def prep_wkv_gate_torch(
     loras: tuple[torch.Tensor | None, torch.Tensor, torch.Tensor],
     v_first: torch.Tensor | None,
     weights: StepWeights,
+    saving: tuple[tuple[tuple[int, ...], ...], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The three ops one after the other: the twin, and the path everywhere the kernel does not apply."""
     r, k, v = rkv
     v_lora, w_lora, a_lora = loras
     w, a, b = ops.wkv_prep(k, v, w_lora, a_lora, v_lora, v_first, weights.w0, weights.a0, weights.v0, weights.k_k, weights.k_a)
-    y = wkv_dispatch.wkv7(state, batch, r, w, k, v, a, b)  # sequential or chunked kernel, by the call's lengths
+    cuts, captures = saving if saving is not None else (None, None)
+    y = wkv_dispatch.wkv7(state, batch, r, w, k, v, a, b, cuts=cuts, captures=captures)  # by the call's lengths
     return ops.gn_bonus_gate(y, r, k, v, g, weights.r_k, weights.ln_weight, weights.ln_bias)

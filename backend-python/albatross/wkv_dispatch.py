@@ -6,11 +6,18 @@ head), so a call of a few long chunks leaves most of the GPU idle; the chunked k
 the arithmetic per token but in parallel matrix products, so it wins until the sequential grid
 fills the GPU. The decision uses only host-side lengths (no device sync). `POLICY` holds the
 measured switch point (docs/kernels.md, "Chunked WKV prefill"); benchmarks replace it.
+
+A call that mixes a run of long slots with short ones (the engine's step: decode rows, then a
+long prompt's chunk) is split by rows: the run takes the chunked kernel, the short slots before
+and after it the sequential one, each part on its own rows. The chunked kernel's grid is sized by
+its slot count times its longest slot's chunks, so short slots riding in it would launch mostly
+empty programs (960 decode rows next to a 4,096-token chunk: about 16 million a layer).
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,10 +30,10 @@ log = logging.getLogger("albatross.kernels")
 
 @dataclass(frozen=True, slots=True)
 class ChunkedPolicy:
-    """Take the chunked kernel when the longest slot has at least `min_tokens` tokens and the
-    slots that long, times the heads, are at most `max_long_heads` sequential chains (past that
-    the sequential kernel's grid fills the GPU and its lower arithmetic wins). `enabled=False`
-    always takes the sequential kernel."""
+    """Take the chunked kernel for the slots of `min_tokens` tokens or more, when they are
+    consecutive in the call and, times the heads, at most `max_long_heads` sequential chains (past
+    that the sequential kernel's grid fills the GPU and its lower arithmetic wins); the call's
+    other slots take the sequential kernel. `enabled=False` always takes the sequential kernel."""
 
     # Measured on the H200 (docs/performance.md, "Session 7"): the chunked kernel wins for one long
     # slot (1x1024: 0.46 against 0.98 ms a layer, 1x4096: 1.68 against 3.85), loses for one of 256
@@ -40,18 +47,44 @@ class ChunkedPolicy:
         if self.min_tokens < 2 or self.max_long_heads < 1:
             raise ValueError(f"min_tokens must be >= 2 and max_long_heads >= 1, got {self}")
 
-    def prefers_chunked(self, lengths: tuple[int, ...], heads: int) -> bool:
+    def chunked_run(self, lengths: tuple[int, ...], heads: int) -> tuple[int, int] | None:
+        """The slots [start, stop) that take the chunked kernel: every long slot (`min_tokens` or
+        more), when they are consecutive and at most `max_long_heads` chains; None when the whole
+        call takes the sequential kernel (no long slot, too many, or long slots apart)."""
         if not self.enabled or not lengths or max(lengths) < self.min_tokens:
-            return False
-        long_slots = sum(1 for n in lengths if n >= self.min_tokens)
-        return long_slots * heads <= self.max_long_heads
+            return None
+        long = [i for i, n in enumerate(lengths) if n >= self.min_tokens]
+        start, stop = long[0], long[-1] + 1
+        if stop - start != len(long) or len(long) * heads > self.max_long_heads:
+            return None
+        return start, stop
+
+    def prefers_chunked(self, lengths: tuple[int, ...], heads: int) -> bool:
+        return self.chunked_run(lengths, heads) is not None
 
 
 DEFAULT_POLICY = ChunkedPolicy()
 POLICY = DEFAULT_POLICY  # benchmarks replace it to compare the kernels
 
 _chunked: Any = None  # the Triton module once imported; False when it cannot be
-_offsets_cache: tuple[ops.FlatBatch, torch.Tensor] | None = None  # one batch's chunk offsets, reused by every layer
+Cuts = tuple[tuple[int, ...], ...]  # per call slot: token counts after which its state is captured
+_parts_cache: tuple[ops.FlatBatch, tuple[int, int] | None, Cuts | None, list[Part]] | None = None  # one batch's split, reused by every layer
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """Consecutive slots of a call that one kernel runs: their rows [row_start, row_stop) of the
+    call's inputs, pool indices, row bounds rebased to the part's first row, and host lengths. A
+    part that ends at a checkpoint holds one slot, whose state then goes to `capture`."""
+
+    chunked: bool
+    row_start: int
+    row_stop: int
+    slot_idx: torch.Tensor
+    cu_seqlens: torch.Tensor
+    lengths: tuple[int, ...]
+    offsets: torch.Tensor | None  # the chunked kernel's chunk offsets (device int32)
+    capture: int = -1  # index into the call's captured states; -1: none
 
 
 def chunked_kernel_available() -> bool:
@@ -78,26 +111,126 @@ def wkv7(
     a: torch.Tensor,
     b: torch.Tensor,
     policy: ChunkedPolicy | None = None,
+    cuts: Cuts | None = None,
+    captures: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """`ops.wkv7` for one layer of a forward call, on the kernel the policy picks."""
+    """`ops.wkv7` for one layer of a forward call, on the kernels the policy picks. With `cuts`,
+    slot s's state after its first `cuts[s][j]` tokens is copied into `captures` ([checkpoints,
+    H, N, N], in order of slot then cut): that slot walks its rows in pieces on the sequential
+    kernel, which costs a launch a piece and nothing else (its walk is one token after another)."""
     policy = POLICY if policy is None else policy
-    if (
-        state.is_cuda
-        and not batch.single_token
-        and policy.prefers_chunked(batch.lengths, state.shape[1])
-        and chunked_kernel_available()
-    ):
-        return _chunked.wkv7_chunked_triton(
-            state, batch.slot_idx, batch.cu_seqlens, r, w, k, v, a, b, batch.lengths, offsets=_offsets(batch)
+    if cuts is not None and not any(cuts):
+        cuts = None
+    run = None
+    if state.is_cuda and not batch.single_token and chunked_kernel_available():
+        lengths = batch.lengths if cuts is None else tuple(1 if c else n for n, c in zip(batch.lengths, cuts))
+        run = policy.chunked_run(lengths, state.shape[1])
+    if run is None and cuts is None:
+        return ops.wkv7(state, batch.slot_idx, batch.cu_seqlens, r, w, k, v, a, b, batch.single_token)
+    chunked = _chunked.wkv7_chunked_triton if run is not None else _no_chunked_kernel
+    return run_parts(state, _parts(batch, run, cuts), (r, w, k, v, a, b), chunked, ops.wkv7, captures)
+
+
+def _no_chunked_kernel(*args: object, **options: object) -> torch.Tensor:
+    raise AssertionError("a part was planned on the chunked kernel without one")
+
+
+def run_parts(
+    state: torch.Tensor,
+    parts: list[Part],
+    inputs: tuple[torch.Tensor, ...],
+    chunked: Callable[..., torch.Tensor],
+    sequential: Callable[..., torch.Tensor],
+    captures: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Each part on its kernel and its own rows of `inputs` (r, w, k, v, a, b), in order, the
+    outputs joined in row order; a part with a capture index then copies its slot's state into
+    `captures` (on the device, no sync). Parts of different slots advance independently; the
+    pieces of one slot are consecutive parts."""
+    outputs = []
+    for part in parts:
+        rows = [x[part.row_start : part.row_stop] for x in inputs]
+        if part.chunked:
+            outputs.append(chunked(state, part.slot_idx, part.cu_seqlens, *rows, part.lengths, offsets=part.offsets))
+        else:
+            single = all(n == 1 for n in part.lengths)
+            outputs.append(sequential(state, part.slot_idx, part.cu_seqlens, *rows, single))
+        if part.capture >= 0:
+            assert captures is not None, "a checkpoint without a buffer to capture it in"
+            captures[part.capture : part.capture + 1].copy_(state.index_select(0, part.slot_idx))
+    return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+
+
+def split_parts(
+    batch: ops.FlatBatch,
+    run: tuple[int, int] | None,
+    chunk_offsets: Callable[[tuple[int, ...]], list[int]] | None,
+    cuts: Cuts | None = None,
+) -> list[Part]:
+    """The call cut into parts: the chunked run (slots [run[0], run[1])), the pieces of each slot
+    with cuts (one part a piece, capture indices in order of slot then cut), and the sequential
+    slots between them, grouped. Every part's device index tensors come from one host copy (no
+    sync). `chunk_offsets` builds the chunked kernel's offsets (None: the part gets none, as the
+    torch twin needs none)."""
+    count = len(batch.lengths)
+    bounds = [0]
+    for n in batch.lengths:
+        bounds.append(bounds[-1] + n)
+    # (first slot, last slot + 1, chunked, row start, row stop, capture)
+    spans: list[tuple[int, int, bool, int, int, int]] = []
+    captured = 0
+    slot = 0
+    while slot < count:
+        slot_cuts = cuts[slot] if cuts is not None else ()
+        if slot_cuts:
+            if list(slot_cuts) != sorted(set(slot_cuts)) or slot_cuts[0] < 1 or slot_cuts[-1] >= batch.lengths[slot]:
+                raise ValueError(f"slot {slot}'s cuts {slot_cuts} must increase within [1, {batch.lengths[slot]})")
+            pieces = [0, *slot_cuts, batch.lengths[slot]]
+            for j in range(len(pieces) - 1):
+                capture = captured + j if j < len(slot_cuts) else -1
+                spans.append((slot, slot + 1, False, bounds[slot] + pieces[j], bounds[slot] + pieces[j + 1], capture))
+            captured += len(slot_cuts)
+            slot += 1
+            continue
+        chunked = run is not None and run[0] <= slot < run[1]
+        last = slot + 1
+        while last < count and not (cuts is not None and cuts[last]) and (run is not None and run[0] <= last < run[1]) == chunked:
+            last += 1
+        spans.append((slot, last, chunked, bounds[slot], bounds[last], -1))
+        slot = last
+    host: list[int] = []
+    layout = []
+    for first, last, chunked, row_start, row_stop, _ in spans:
+        lengths = (row_stop - row_start,) if last - first == 1 else batch.lengths[first:last]
+        rebased = [0]
+        for n in lengths:
+            rebased.append(rebased[-1] + n)
+        offsets = chunk_offsets(lengths) if chunked and chunk_offsets is not None else []
+        layout.append((len(host), len(rebased), len(offsets), lengths))
+        host += rebased + offsets
+    ints = ops.host_to_device(torch.tensor(host, dtype=torch.int32), batch.cu_seqlens.device)
+    parts = []
+    for (first, last, chunked, row_start, row_stop, capture), (at, bound_count, offset_count, lengths) in zip(spans, layout):
+        parts.append(
+            Part(
+                chunked=chunked,
+                row_start=row_start,
+                row_stop=row_stop,
+                slot_idx=batch.slot_idx[first:last],
+                cu_seqlens=ints[at : at + bound_count],
+                lengths=lengths,
+                offsets=ints[at + bound_count : at + bound_count + offset_count] if offset_count else None,
+                capture=capture,
+            )
         )
-    return ops.wkv7(state, batch.slot_idx, batch.cu_seqlens, r, w, k, v, a, b, batch.single_token)
+    return parts
 
 
-def _offsets(batch: ops.FlatBatch) -> torch.Tensor:
-    global _offsets_cache
-    cached = _offsets_cache  # read once: workers on other GPUs replace it from their threads
-    if cached is None or cached[0] is not batch:
-        host = torch.tensor(_chunked.chunk_offsets(batch.lengths), dtype=torch.int32)
-        cached = (batch, ops.host_to_device(host, batch.cu_seqlens.device))
-        _offsets_cache = cached
-    return cached[1]
+def _parts(batch: ops.FlatBatch, run: tuple[int, int] | None, cuts: Cuts | None) -> list[Part]:
+    global _parts_cache
+    cached = _parts_cache  # read once: workers on other GPUs replace it from their threads
+    if cached is None or cached[0] is not batch or cached[1] != run or cached[2] != cuts:
+        offsets = _chunked.chunk_offsets if run is not None else None
+        cached = (batch, run, cuts, split_parts(batch, run, offsets, cuts))
+        _parts_cache = cached
+    return cached[3]

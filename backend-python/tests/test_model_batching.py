@@ -10,7 +10,7 @@ import torch
 
 from albatross import ops
 from albatross.model import RWKV7
-from albatross.state import StatePool
+from albatross.state import SlotState, StatePool
 
 TOLERANCE = 1e-4
 
@@ -186,3 +186,47 @@ def test_flat_batch_marks_decode_steps_for_the_single_token_wkv_path() -> None:
     assert ops.FlatBatch.build([3, 0, 5], [1, 1, 1], cpu).single_token
     assert not ops.FlatBatch.build([3, 0, 5], [1, 4, 1], cpu).single_token
     assert not ops.FlatBatch.build([2], [7], cpu).single_token
+
+
+def test_forward_saving_captures_the_state_each_prefix_leaves(model: RWKV7) -> None:
+    """The prefix cache's checkpoints inside a chunk: the states `forward_saving` captures equal
+    the slot states after feeding each prefix alone, and the call's logits and final states are
+    `forward`'s."""
+    prompts = [_tokens(seed=11, count=40), _tokens(seed=12, count=1), _tokens(seed=13, count=23)]
+    cuts = [[1, 16, 39], [], [8]]
+    pool = StatePool(model, batch_size=6)
+    for slot in range(6):  # non-zero starting states: the captures continue each slot's history
+        model.forward(pool, [slot], [_tokens(seed=20 + slot, count=3)])
+    reference = StatePool(model, batch_size=6)
+    for slot in range(6):
+        reference.write(slot, pool.read(slot))
+    logits, saved = model.forward_saving(pool, [4, 0, 2], prompts, cuts)
+    expected = model.forward(reference, [4, 0, 2], prompts)
+    assert isinstance(expected, torch.Tensor)
+    _assert_close(expected, logits, "logits")
+    for slot in (4, 0, 2):
+        _assert_same_state(pool, slot, reference, slot, f"slot {slot} after the call")
+    assert [len(states) for states in saved] == [3, 0, 1]
+    for slot, prompt, slot_cuts, states in zip((4, 0, 2), prompts, cuts, saved):
+        for cut, state in zip(slot_cuts, states):
+            alone = StatePool(model, batch_size=6)
+            alone.write(slot, _start_of(model, slot))
+            model.forward(alone, [slot], [prompt[:cut]])
+            want = alone.read(slot)
+            for name in ("att_shift", "ffn_shift", "wkv"):
+                _assert_close(getattr(want, name), getattr(state, name), f"slot {slot} after {cut} tokens: {name}")
+
+
+def _start_of(model: RWKV7, slot: int) -> SlotState:
+    pool = StatePool(model, batch_size=6)
+    model.forward(pool, [slot], [_tokens(seed=20 + slot, count=3)])
+    return pool.read(slot)
+
+
+def test_forward_saving_refuses_cuts_outside_a_prompt(model: RWKV7) -> None:
+    pool = StatePool(model, batch_size=2)
+    for cuts in ([[0]], [[5]], [[3, 2]]):
+        with pytest.raises(ValueError, match="cuts"):
+            model.forward_saving(pool, [0], [_tokens(seed=1, count=5)], cuts)
+    with pytest.raises(ValueError, match="lists of cuts"):
+        model.forward_saving(pool, [0], [_tokens(seed=1, count=5)], [[1], [2]])

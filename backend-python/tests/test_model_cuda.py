@@ -97,3 +97,31 @@ def test_decode_graph_replay_equals_eager_decode(models: tuple[RWKV7, RWKV7]) ->
     assert _relative_error(pool.wkv[:, slots].float(), eager_wkv.float().cpu()) <= 1e-3
     untouched = [1, 3, 4, 6, 7, 8]
     assert torch.equal(pool.wkv[:, untouched], saved[2][:, untouched]), "the graph touched slots it was not given"
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float16, torch.float32])
+def test_states_captured_inside_a_chunk_match_feeding_each_prefix_alone(models: tuple[RWKV7, RWKV7], state_dtype: torch.dtype) -> None:
+    """The prefix cache's checkpoints inside a long chunk on the GPU: the slot with cuts walks its
+    WKV rows in pieces (one long slot beside it takes the chunked kernel, decode rows the
+    sequential one), and each captured state matches the state of feeding that prefix alone."""
+    _, gpu = models
+    gen = torch.Generator().manual_seed(9)
+    prompts = [torch.randint(0, 65530, (n,), generator=gen).tolist() for n in (1, 700, 1, 600)]
+    cuts = [[], [256, 512], [], []]
+    pool, reference = gpu.new_pool(6, state_dtype), gpu.new_pool(6, state_dtype)
+    slots = [5, 1, 3, 0]
+    logits, saved = gpu.forward_saving(pool, slots, prompts, cuts)
+    expected = gpu.forward(reference, slots, prompts)
+    assert _relative_error(logits, expected.cpu()) <= 1e-2
+    for slot in slots:
+        a, b = pool.read(slot), reference.read(slot)
+        for name in ("att_shift", "ffn_shift", "wkv"):
+            assert _relative_error(getattr(a, name), getattr(b, name).double()) <= 1e-2, (slot, name)
+    for cut, state in zip(cuts[1], saved[1]):
+        alone = gpu.new_pool(6, state_dtype)
+        gpu.forward(alone, [1], [prompts[1][:cut]])
+        want = alone.read(1)
+        for name in ("att_shift", "ffn_shift", "wkv"):
+            got = getattr(state, name).cpu()
+            assert torch.isfinite(got.float()).all()
+            assert _relative_error(got, getattr(want, name).double()) <= 1e-2, (cut, name)

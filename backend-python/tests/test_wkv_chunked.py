@@ -85,14 +85,47 @@ def test_inverse_stays_exact_when_consecutive_keys_align() -> None:
 
 def test_policy_takes_the_chunked_kernel_only_for_few_long_chunks() -> None:
     policy = wkv_dispatch.ChunkedPolicy(min_tokens=256, max_long_heads=1024)
-    assert policy.prefers_chunked((4096,), heads=64)
-    assert policy.prefers_chunked((4096, 1, 1, 1), heads=64)  # decode rows ride along
+    assert policy.chunked_run((4096,), heads=64) == (0, 1)
+    assert policy.chunked_run((1, 1, 1, 4096), heads=64) == (3, 4)  # the engine's step: decode rows, then a prompt
+    assert policy.chunked_run((4096, 1, 1, 1), heads=64) == (0, 1)
+    assert policy.chunked_run((1, 300, 4096, 7), heads=64) == (1, 3)
+    assert policy.chunked_run((4096, 1, 300), heads=64) is None  # long slots apart: all sequential
     assert not policy.prefers_chunked((255, 1), heads=64)
     assert not policy.prefers_chunked((512,) * 64, heads=64)  # 4096 chains fill the GPU sequentially
     assert policy.prefers_chunked((512,) * 16, heads=64)
     assert not wkv_dispatch.ChunkedPolicy(enabled=False).prefers_chunked((4096,), heads=64)
     with pytest.raises(ValueError):
         wkv_dispatch.ChunkedPolicy(min_tokens=1)
+
+
+@pytest.mark.parametrize("lengths", [[1, 1, 1, 300], [300, 1, 2], [1, 40, 300, 290, 1], [300]])
+def test_a_split_call_runs_each_part_on_its_own_rows_and_slots(lengths: list[int]) -> None:
+    """The split's bookkeeping: with the sequential twin standing in for both kernels, running
+    the parts one after another gives the unsplit call's output and states exactly (each slot's
+    recurrence is its own), and the chunked part gets exactly the long slots."""
+    gen = torch.Generator().manual_seed(len(lengths))
+    inputs = wkv_inputs(lengths, 2, torch.float32, gen)
+    state = torch.randn(8, 2, 64, 64, generator=gen) * 0.3
+    slots = [5, 0, 7, 2, 3][: len(lengths)]
+    batch = ops.FlatBatch.build(slots, lengths, torch.device("cpu"))
+    run = wkv_dispatch.ChunkedPolicy(min_tokens=256, max_long_heads=1024).chunked_run(batch.lengths, 2)
+    assert run is not None
+    parts = wkv_dispatch.split_parts(batch, run, None)
+    assert [p.lengths for p in parts if p.chunked] == [tuple(n for n in lengths if n >= 256)]
+    assert sum((p.lengths for p in parts), ()) == tuple(lengths)
+    chunked_calls: list[list[int]] = []
+
+    def chunked(state: torch.Tensor, slot_idx: torch.Tensor, cu_seqlens: torch.Tensor, *rest: object, offsets: object) -> torch.Tensor:
+        *rows, part_lengths = rest
+        chunked_calls.append(slot_idx.tolist())
+        assert cu_seqlens.tolist()[-1] == sum(part_lengths) == rows[0].shape[0]  # type: ignore[arg-type, union-attr]
+        return ops.wkv7_torch(state, slot_idx, cu_seqlens, *rows)  # type: ignore[arg-type]
+
+    expected_state = state.clone()
+    expected = ops.wkv7_torch(expected_state, batch.slot_idx, batch.cu_seqlens, *inputs)
+    got = wkv_dispatch.run_parts(state, parts, tuple(inputs), chunked, ops.wkv7)
+    assert torch.equal(got, expected) and torch.equal(state, expected_state)
+    assert chunked_calls == [[s for s, n in zip(slots, lengths) if n >= 256]]
 
 
 def test_dispatch_on_cpu_is_the_sequential_twin() -> None:
@@ -118,11 +151,53 @@ def test_triton_kernels_match_their_twin_in_the_interpreter() -> None:
         assert result["state_diff"] <= tolerance[result["state_dtype"]] * max(1.0, result["state_scale"]), result
 
 
+def test_cuts_capture_each_state_a_prefix_alone_would_leave() -> None:
+    """Checkpoints inside a call (the prefix cache's boundaries inside a long chunk): the slot walks
+    its rows in pieces, and each capture equals the state after running that prefix by itself."""
+    gen = torch.Generator().manual_seed(5)
+    lengths = [1, 37, 1, 20]
+    cuts = ((), (5, 16, 36), (), (19,))
+    inputs = wkv_inputs(lengths, 2, torch.float32, gen)
+    state = torch.randn(6, 2, 64, 64, generator=gen) * 0.3
+    slots = [4, 1, 0, 3]
+    batch = ops.FlatBatch.build(slots, lengths, torch.device("cpu"))
+    captures = torch.full((4, 2, 64, 64), float("nan"))
+    got_state, whole_state = state.clone(), state.clone()
+    got = wkv_dispatch.wkv7(got_state, batch, *inputs, cuts=cuts, captures=captures)
+    whole = ops.wkv7_torch(whole_state, batch.slot_idx, batch.cu_seqlens, *inputs)
+    assert torch.equal(got, whole) and torch.equal(got_state, whole_state)
+    starts = [0, 1, 38, 39]
+    for index, (call_slot, cut) in enumerate([(1, 5), (1, 16), (1, 36), (3, 19)]):
+        alone = state.clone()
+        first = starts[call_slot]
+        prefix = [x[first : first + cut] for x in inputs]
+        one = ops.FlatBatch.build([slots[call_slot]], [cut], torch.device("cpu"))
+        ops.wkv7_torch(alone, one.slot_idx, one.cu_seqlens, *prefix)
+        assert torch.equal(captures[index], alone[slots[call_slot]]), (call_slot, cut)
+    parts = wkv_dispatch.split_parts(batch, None, None, cuts)
+    assert [(p.row_start, p.row_stop, p.capture) for p in parts] == [
+        (0, 1, -1), (1, 6, 0), (6, 17, 1), (17, 37, 2), (37, 38, -1), (38, 39, -1), (39, 58, 3), (58, 59, -1),
+    ]
+    with pytest.raises(ValueError, match="must increase"):
+        wkv_dispatch.split_parts(batch, None, None, ((), (16, 5), (), ()))
+
+
+@pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
+def test_a_split_call_with_the_triton_kernel_matches_the_whole_sequential_call_in_the_interpreter() -> None:
+    results = {result["case"]: result for result in interpreter_cases(HERE / "wkv_split_interpreter.py")}
+    assert [tuple(p) for p in results["decode rows, then a long slot"]["parts"]] == [(False, 0, 2), (True, 2, 42), (False, 42, 43)]
+    assert [tuple(p) for p in results["one long slot alone"]["parts"]] == [(True, 0, 41)]
+    assert len(results) == 3
+    for result in results.values():  # fp32 in, ieee products: a few ulps apart
+        assert result["y_diff"] <= 2e-6 * max(1.0, result["y_scale"]), result
+        assert result["state_diff"] <= 2e-6 * max(1.0, result["state_scale"]), result
+
+
 def test_the_default_policy_chunks_one_long_slot_only() -> None:
     """The H200 measurement behind the default: one slot of 256+ tokens wins, four of 1,024 lose."""
     policy = wkv_dispatch.DEFAULT_POLICY
     assert policy.prefers_chunked((4096,), heads=64)
-    assert policy.prefers_chunked((1024, 1, 1), heads=64)  # decode rows ride along
+    assert policy.chunked_run((1, 1, 1024), heads=64) == (2, 3)  # decode rows take the sequential kernel beside it
     assert not policy.prefers_chunked((1024,) * 4, heads=64)
     assert not policy.prefers_chunked((200,), heads=64)
 

@@ -171,3 +171,39 @@ def test_model_prefill_through_the_chunked_kernel_matches_the_sequential_kernel(
     for got, expected in ((chunked, sequential), (chunked_next, sequential_next)):
         rel = ((got - expected).norm() / expected.norm()).item()
         assert rel < 1e-2, f"logits relative difference {rel:.2e}"
+
+
+@pytest.mark.parametrize(
+    "lengths",
+    [[1] * 40 + [700], [700] + [1] * 40, [1] * 7 + [33, 1030] + [1] * 5, [2, 600, 520, 3]],
+    ids=["decode-then-prompt", "prompt-then-decode", "around", "two-long"],
+)
+@pytest.mark.parametrize("state_dtype", [torch.float16, torch.float32])
+def test_a_call_split_between_the_kernels_matches_the_sequential_call(lengths: list[int], state_dtype: torch.dtype) -> None:
+    """The engine's step with a long prompt chunk beside decode rows: the long run takes the
+    chunked kernel, the others the sequential one (the decode kernel where all are one token),
+    each on its rows. Outputs and states against the sequential kernel over the whole call, and
+    the float64 recurrence, within the chunked kernel's tf32x3 bar."""
+    gen = torch.Generator(device=DEV).manual_seed(len(lengths) * 7 + int(state_dtype == torch.float16))
+    heads = 2
+    inputs = wkv_inputs(lengths, heads, torch.float16, gen, device=DEV)
+    pool = len(lengths) + 3
+    slots = torch.randperm(pool, generator=torch.Generator().manual_seed(3))[: len(lengths)].tolist()
+    batch = ops.FlatBatch.build(slots, lengths, torch.device(DEV))
+    start = (torch.randn(pool, heads, 64, 64, generator=gen, device=DEV) * 0.3).to(state_dtype)
+    policy = wkv_dispatch.ChunkedPolicy(min_tokens=512, max_long_heads=2 * heads)
+    assert policy.chunked_run(batch.lengths, heads) is not None
+    split_state, whole_state = start.clone(), start.clone()
+    split_y = wkv_dispatch.wkv7(split_state, batch, *inputs, policy=policy)
+    whole_y = wkv_dispatch.wkv7(whole_state, batch, *inputs, policy=wkv_dispatch.ChunkedPolicy(enabled=False))
+    y64, state64 = wkv7_float64(start, batch.slot_idx, batch.cu_seqlens, *inputs)  # final states in call order
+    touched = torch.tensor(slots, device=DEV)
+    bar = TF32X3_FP32_TOLERANCE if state_dtype == torch.float32 else TOLERANCE[torch.float16]
+    assert torch.isfinite(split_y).all()
+    assert _max_rel(split_y, whole_y) <= bar
+    assert _max_rel(split_state[touched], whole_state[touched]) <= bar
+    untouched = [s for s in range(pool) if s not in slots]
+    assert torch.equal(split_state[untouched], start[untouched])
+    # Neither is further from float64 than the bar: the split is not a new source of error.
+    assert _max_rel(split_state[touched], state64) <= bar
+    assert _max_rel(split_y, y64) <= bar
