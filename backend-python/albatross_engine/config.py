@@ -39,7 +39,7 @@ class AlbatrossBackendConfig:
     device: str | None = None  # None: cuda when available, else cpu; "cuda:N" puts worker 0 on GPU N
     dtype: str | None = None  # weights and activations; None: fp16 on cuda, fp32 on cpu
     weights: str = DEFAULT_WEIGHT_FORMAT  # the large matrices: fp16 (at `dtype`) or int8 with per-channel scales
-    prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # most prompt tokens one request feeds in one step
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # prompt tokens a request feeds per step when many share the budget
     prefill_budget: int = DEFAULT_PREFILL_BUDGET  # most prompt tokens all requests feed together in one step
     itl_target_ms: float = DEFAULT_ITL_TARGET_MS  # adaptive budget: a step next to decoding streams aims at this; 0: off
     state_dtype: str | None = None  # WKV state precision; None: fp16 on cuda, fp32 on cpu (docs/performance.md)

@@ -93,6 +93,9 @@ class IssuedStep:
     logprob_rows: dict[int, int] = field(default_factory=dict)  # sample row -> row of `logprobs`
     ids_at: float | None = None  # perf_counter when the ids reached the host (the adaptive budget's clock)
     masked: MaskedRows | None = None  # rows still to sample once their masks are filled
+    # Row index -> the states captured at that row's checkpoints (Row.checkpoints, same order):
+    # device tensors of the step's own buffers, to be copied (saved) before they are dropped.
+    captured: dict[int, list[SlotState]] = field(default_factory=dict)
     _ids: list[int] | None = None
 
     def token_ids(self) -> list[int]:
@@ -164,6 +167,7 @@ class DeviceStep:
         sampling = self._checked_sampling_inputs(plan) if plan.sample_count else None
         slots = [row.slot for row in plan.rows]
         last = self._last
+        captured: dict[int, list[SlotState]] = {}
         if not plan.prefill_tokens and last is not None and last.ids is not None:
             logits = self._decode_from_device(slots, [row.input_row for row in plan.rows], last.ids)
         else:
@@ -172,10 +176,15 @@ class DeviceStep:
                 row.task.prompt_tokens[row.start : row.stop] if row.kind is RowKind.PREFILL else [previous_ids[row.input_row]]
                 for row in plan.rows
             ]
-            forwarded = self.model.forward(self.pool, slots, tokens)
-            assert isinstance(forwarded, torch.Tensor)  # not full_output: each slot's last row
-            logits = forwarded
-        issued = IssuedStep(plan)
+            if any(row.checkpoints for row in plan.rows):
+                cuts = [tuple(length - row.start for length in row.checkpoints) for row in plan.rows]
+                logits, saved = self.model.forward_saving(self.pool, slots, tokens, cuts)
+                captured = {index: states for index, states in enumerate(saved) if states}
+            else:
+                forwarded = self.model.forward(self.pool, slots, tokens)
+                assert isinstance(forwarded, torch.Tensor)  # not full_output: each slot's last row
+                logits, captured = forwarded, {}
+        issued = IssuedStep(plan, captured=captured)
         if sampling is not None:
             self._sample(logits, sampling, issued)
         self._last = issued

@@ -8,7 +8,8 @@ Plain arithmetic on the model's shape (no device calls; the worker passes the fr
 - the activations of the largest step (`prefill_budget` prompt rows plus a decode row per slot),
   the head's logits and the sampler's copies of them for every slot, and the dequantized slab of
   the int8 path for many rows (estimates from the model's temporaries, checked against the GPU's
-  peak in tests/test_memory_plan_cuda.py);
+  peak in tests/test_memory_plan_cuda.py), and the prefix states a step captures inside its
+  chunks (`MAX_CHECKPOINTS_PER_STEP` slot states, exact);
 - the CUDA graphs' memory (the largest bucket's activations, and every bucket's static logits);
 - the L1 state cache's budget on this device, and a reserve for the allocator and cuBLAS.
 
@@ -31,6 +32,7 @@ from albatross.checkpoint import ModelConfig, expected_shapes
 from albatross.int8_dispatch import DEQUANTIZE_SLAB
 from albatross.model import stacked_lora_padding
 from albatross.quant import LARGE_MATRICES, WEIGHT_FORMATS
+from albatross_engine.scheduler import MAX_CHECKPOINTS_PER_STEP
 from albatross_engine.device_step import graph_buckets
 
 GB = 1e9  # messages use decimal gigabytes, as card makers do
@@ -150,9 +152,14 @@ def state_bytes(request: MemoryRequest) -> int:
     bool per id) and the grammar masks' rows (a bit per id, DeviceStep's device copy)."""
     config = request.config
     pool_slots = request.batch_size + (1 if request.cuda_graphs else 0)  # the graph replays' scratch slot
+    return pool_slots * slot_state_bytes(request) + request.batch_size * config.vocab_size * 5 + request.batch_size * config.vocab_size // 8
+
+
+def slot_state_bytes(request: MemoryRequest) -> int:
+    """One slot's state: both token-shift vectors of every layer and the WKV state."""
+    config = request.config
     shifts = 2 * config.n_layer * config.n_embd * request.dtype_bytes
-    wkv = config.n_layer * config.n_head * config.head_size * config.head_size * request.state_dtype_bytes
-    return pool_slots * (shifts + wkv) + request.batch_size * config.vocab_size * 5 + request.batch_size * config.vocab_size // 8
+    return shifts + config.n_layer * config.n_head * config.head_size * config.head_size * request.state_dtype_bytes
 
 
 def step_bytes(config: ModelConfig, rows: int, slots: int, dtype_bytes: int, weights: str, dequantizes: bool, prefill: bool = True) -> int:
@@ -192,7 +199,7 @@ def estimate(request: MemoryRequest, free_bytes: int | None, dequantize_above_ro
     rows = request.prefill_budget + request.batch_size
     activations = step_bytes(
         request.config, rows, request.batch_size, request.dtype_bytes, request.weights, rows > dequantize_above_rows
-    )
+    ) + MAX_CHECKPOINTS_PER_STEP * slot_state_bytes(request)
     weights = weight_bytes(request.config, request.weights, request.dtype_bytes)
     states = state_bytes(request)
     graphs = graph_bytes(request, dequantize_above_rows)

@@ -4,16 +4,22 @@ A step that carries prompt chunks delays every decoding stream's next token by i
 duration, and that duration grows with its prompt tokens (on the H200 at 7.2B, roughly
 18 ms + 26 us per prompt token + 40 us per decode row: docs/performance.md). Two policies:
 
-- static (`itl_target_s=None`): at most `prefill_chunk` tokens per task and `prefill_budget` per
-  step, whatever else the step carries;
+- static (`itl_target_s=None`): `prefill_budget` tokens per step, whatever else the step carries;
 - adaptive: the worker reports how long each step with both decode rows and prompt chunks took
   (`observe`), a `StepTimeModel` keeps a running fit of that time against prompt tokens and decode
   rows, and a step with decoding streams gets the prompt tokens the fit says fit in the
   inter-token target: `(target - base - per_row * rows) / per_token`, between a floor (prefill
   always advances) and `prefill_budget`. A step with no decoding stream keeps the full budget
-  (nobody waits on it). Few prompts share the budget in long chunks (with the chunked WKV kernel a
-  long chunk costs about what its tokens cost spread over many prompts), many prompts in chunks of
-  `prefill_chunk`, as the static policy does.
+  (nobody waits on it).
+
+Both share a step's tokens among the waiting prompts, oldest first, each at most
+`max(prefill_chunk, an equal share of what is left)`: many prompts (a burst) in chunks of
+`prefill_chunk`, a few in long chunks. A lone long prompt so goes in one step instead of one
+`prefill_chunk` a step. A step with prompt chunks runs eagerly, and an eager 7.2B forward costs
+~15 ms however few its rows (batch-1 eager decode on the H200: 15.6 ms, against 5.2 from a CUDA
+graph; docs/performance.md), so 32 steps of 128 tokens pay that 32 times. A long chunk without
+prefix-cache checkpoints also takes the chunked WKV kernel: ~0.4 us a token a layer against
+0.7-0.9 for the sequential walk (wkv_dispatch.py).
 """
 
 from __future__ import annotations
@@ -136,9 +142,9 @@ class PrefillBudget:
         return self.last_tokens
 
     def chunk(self, tokens: int, prefilling: int) -> int:
-        """The most one task feeds of a step's `tokens` when `prefilling` tasks want some: static,
-        `prefill_chunk`; adaptive, also an equal share of the budget when that is larger."""
-        if self.itl_target_s is None or prefilling < 1:
+        """The most one task feeds of a step's `tokens` when `prefilling` tasks want some:
+        `prefill_chunk`, or an equal share of them when that is larger (module docstring)."""
+        if prefilling < 1:
             return self.prefill_chunk
         return max(self.prefill_chunk, tokens // prefilling)
 

@@ -6,7 +6,8 @@ and which slot states are saved (docs/engine.md, "The state-store seam").
   every prompt end saved since start-up, longest first; otherwise a state file's state when the
   task carries one (prefix keys are then salted with the file's id).
 - `save_prefix(row)`: after a step that reaches a prefix checkpoint; a failure costs a future hit,
-  never the request, so it is logged and swallowed.
+  never the request, so it is logged and swallowed. `save_prefix_state(task, length, state)`: the
+  same for a state the step's forward captured inside a chunk (`Row.checkpoints`).
 - `save_final(task)`: the state after the prompt and every generated token; raises on failure
   (the caller turns it into the task's error event).
 
@@ -17,6 +18,7 @@ no host sync.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from albatross.state import SlotState
@@ -80,15 +82,21 @@ class SavedStates:
         self.metrics.record_prefix_lookup(task.cached_prompt_tokens)
 
     def save_prefix(self, row: Row) -> None:
-        task = row.task
+        self._save_prefix(row.task, row.stop, lambda: self.device_step.read_state(row.slot))
+
+    def save_prefix_state(self, task: EngineTask, length: int, state: SlotState) -> None:
+        """A prefix state the forward captured (the store keeps a copy: `state` is the step's buffer)."""
+        self._save_prefix(task, length, lambda: state)
+
+    def _save_prefix(self, task: EngineTask, length: int, state: Callable[[], SlotState]) -> None:
         assert task.prefix_hasher is not None
         try:
-            key = task.prefix_hasher.key_at(row.stop)
+            key = task.prefix_hasher.key_at(length)
             if self.store is not None and not self.store.contains(key):
-                self.store.put(key, self.device_step.read_state(row.slot))
+                self.store.put(key, state())
                 self.metrics.record_state_save()
-            if row.stop == task.prompt_len:
-                self.prompt_ends.add(row.stop)
+            if length == task.prompt_len:
+                self.prompt_ends.add(length)
         except Exception:
             logger.exception("saving a prefix state failed")
 

@@ -6,11 +6,14 @@ Policy (one screen):
   it and sample the next) while it may still sample, else FEED (feed only, so that a saved final
   state has consumed every generated token). Decoding never waits for prefill.
 - Prompts are then fed in chunks, oldest admission first, within the step's `PrefillBudget`
-  (albatross_engine/prefill_budget.py): statically at most `prefill_chunk` tokens per task and
-  `prefill_budget` per step in all; with an inter-token target, as many prompt tokens as keep the
-  decode rows' step under it (learned from the measured step times the worker reports through
-  `observe_step`), few prompts sharing them in longer chunks. A task using the prefix cache has its
-  chunks cut at multiples of `prefix_boundary` so the state can be saved there.
+  (albatross_engine/prefill_budget.py): statically `prefill_budget` tokens per step in all; with
+  an inter-token target, as many prompt tokens as keep the decode rows' step under it (learned
+  from the measured step times the worker reports through `observe_step`). Each task takes at most
+  `prefill_chunk` tokens or an equal share of what is left, when larger: many prompts in chunks of
+  `prefill_chunk`, a few in long chunks. A task using the prefix cache saves its state at every
+  multiple of `prefix_boundary`: the boundaries inside a chunk are captured by the forward itself
+  (`Row.checkpoints`, at most MAX_CHECKPOINTS_PER_STEP a step; past that the chunk ends at a
+  boundary), and a chunk's end is saved from the slot.
 - A row samples when it is a decode row or the chunk that ends its prompt (unless max_tokens is 0).
 - Tasks admitted together with the same prompt from a zero state (the `n` samples of a request)
   prefill it once: the first one's chunks stop before the last prompt token, the worker copies
@@ -33,6 +36,12 @@ from albatross_engine.state_store import PREFIX_BOUNDARY_TOKENS
 from albatross_engine.tasks import EngineTask
 
 
+# The most prefix states one step captures inside its chunks (each a slot state: 17 MB at 7.2B,
+# held until the step's saves; the memory plan counts them). A prompt crossing more boundaries
+# goes on in the next step, its chunk ending at a boundary.
+MAX_CHECKPOINTS_PER_STEP = 16
+
+
 class RowKind(enum.IntEnum):
     PREFILL = 0  # a chunk of the prompt
     DECODE = 1  # the newest sampled token, then sample again
@@ -49,6 +58,9 @@ class Row:
     input_row: int = -1  # DECODE/FEED: the row of the previous step's sampled ids to feed
     sample_row: int = -1  # index into this step's sampled ids; -1: not sampled
     prefix_checkpoint: bool = False  # save the slot state after this row under the prompt's prefix key
+    # Prefix lengths strictly inside [start, stop) whose states the forward captures for the
+    # prefix cache (RWKV7.forward_saving), so a long chunk need not stop at every boundary.
+    checkpoints: tuple[int, ...] = ()
     starts_followers: bool = False  # after this row, the task's followers start from a copy of its state
 
     @property
@@ -191,11 +203,14 @@ class Scheduler:
                 self._plan_generated_token(task, plan)
         feeding = [task for task in prefilling if not task.finished and task.leader is None]
         budget = self.budget.tokens(plan.decode_tokens, plan.sample_count)  # every sample so far is a decode row
+        checkpoints = MAX_CHECKPOINTS_PER_STEP
         for index, task in enumerate(feeding):
             if budget == 0:
                 break
             chunk = self.budget.chunk(budget, len(feeding) - index)
-            budget -= self._plan_prefill_chunk(task, min(budget, chunk), plan)
+            row = self._plan_prefill_chunk(task, min(budget, chunk), plan, checkpoints)
+            budget -= row.stop - row.start
+            checkpoints -= len(row.checkpoints)
         return plan
 
     def observe_step(self, plan: StepPlan, seconds: float) -> None:
@@ -222,26 +237,29 @@ class Scheduler:
         plan.rows.append(row)
         plan.decode_tokens += 1
 
-    def _plan_prefill_chunk(self, task: EngineTask, limit: int, plan: StepPlan) -> int:
+    def _plan_prefill_chunk(self, task: EngineTask, limit: int, plan: StepPlan, checkpoints_left: int) -> Row:
         start = task.prompt_pos
-        count = min(task.prompt_len - start, limit)
-        boundary = self.prefix_boundary
-        if task.use_prefix_cache:
-            next_boundary = (start // boundary + 1) * boundary
-            count = min(count, next_boundary - start)
+        stop = start + min(task.prompt_len - start, limit)
         shared_until = task.prompt_len - 1 if task.followers else task.prompt_len
         if start < shared_until:
-            count = min(count, shared_until - start)
-        stop = start + count
-        row = Row(task=task, slot=task.slot, kind=RowKind.PREFILL, start=start, stop=stop)
+            stop = min(stop, shared_until)
+        boundary = self.prefix_boundary
+        inside: tuple[int, ...] = ()
+        if task.use_prefix_cache:
+            # The boundaries inside the chunk are captured by the forward, as many as the step
+            # has left; past those the chunk ends at the next boundary (saved as its end).
+            inside = tuple(range((start // boundary + 1) * boundary, stop, boundary))
+            if len(inside) > checkpoints_left:
+                stop, inside = inside[checkpoints_left], inside[:checkpoints_left]
+        row = Row(task=task, slot=task.slot, kind=RowKind.PREFILL, start=start, stop=stop, checkpoints=inside)
         row.starts_followers = bool(task.followers) and stop == shared_until
         row.prefix_checkpoint = task.use_prefix_cache and (stop % boundary == 0 or stop == task.prompt_len)
         task.prompt_pos = stop
         if stop == task.prompt_len and task.wants_sample():
             self._assign_sample(task, row, plan)
         plan.rows.append(row)
-        plan.prefill_tokens += count
-        return count
+        plan.prefill_tokens += stop - start
+        return row
 
     @staticmethod
     def _assign_sample(task: EngineTask, row: Row, plan: StepPlan) -> None:

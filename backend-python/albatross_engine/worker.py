@@ -357,9 +357,11 @@ class Worker:
             finisher.fail_rows(plan.rows, error)
             device_step.forget_last_step()  # the failed step's ids never existed
             return None
-        for row in plan.rows:  # states that only needed this step's forward to be issued
+        for index, row in enumerate(plan.rows):  # states that only needed this step's forward to be issued
             if row.starts_followers:
                 self._start_followers(row.task, finisher)
+            for length, state in zip(row.checkpoints, issued.captured.get(index, ())):
+                saved_states.save_prefix_state(row.task, length, state)
             if row.prefix_checkpoint:
                 saved_states.save_prefix(row)
             if row.kind is RowKind.FEED and row.task.finished:

@@ -77,6 +77,21 @@ def test_a_long_prompt_repeated_resumes_from_its_last_boundary(engine: Albatross
     assert first == second
 
 
+def test_boundaries_inside_one_chunk_are_saved_and_resume_exactly(engine: AlbatrossRWKV) -> None:
+    """A long prompt goes in one chunk; the states at its boundaries inside that chunk are the
+    forward's captures (RWKV7.forward_saving). Prompts that share 300 and 530 of its tokens resume
+    from 256 and 512, and answer as they do without the cache."""
+    long_prompt = engine.encode(" ".join(f"item{i}" for i in range(400)))
+    assert len(long_prompt) > 600
+    run(engine, long_prompt, StateRef(use_prefix_cache=True))
+    for shared, boundary in ((300, 256), (530, 512)):
+        prompt = long_prompt[:shared] + engine.encode(f" and then something else {shared}")
+        with_cache, _, cached = run(engine, prompt, StateRef(use_prefix_cache=True))
+        assert cached == boundary, f"sharing {shared} tokens resumed after {cached}"
+        without_cache, _, _ = run(engine, prompt)
+        assert with_cache == without_cache, "a captured prefix state continues exactly as a fresh prefill"
+
+
 def test_openai_native_route_uses_the_prefix_cache_by_default(engine: AlbatrossRWKV) -> None:
     app = make_app(settings_with(max_tokens=64))
     install_backend(app, engine, strategy="albatross workers=1 batch=4")

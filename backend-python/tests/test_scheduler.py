@@ -51,13 +51,31 @@ def test_long_prompts_are_chunked_and_decoding_is_never_starved_by_prefill() -> 
     scheduler.plan()  # decoding's prompt, sampled
     scheduler.add(long_prompt)
     scheduler.admit()
-    steps = [scheduler.plan() for _ in range(3)]
+    steps = [scheduler.plan() for _ in range(2)]
     for step in steps:
         kinds = {r.task: r.kind for r in step.rows}
         assert kinds[decoding] is RowKind.DECODE, "the decoding task gets a token every step"
     chunks = [(r.start, r.stop) for step in steps for r in step.rows if r.task is long_prompt]
-    assert chunks == [(0, 4), (4, 8), (8, 10)], f"chunks of at most prefill_chunk tokens, got {chunks}"
-    assert [r.samples for step in steps for r in step.rows if r.task is long_prompt] == [False, False, True]
+    assert chunks == [(0, 6), (6, 10)], f"the one waiting prompt takes the step's whole budget, got {chunks}"
+    assert [r.samples for step in steps for r in step.rows if r.task is long_prompt] == [False, True]
+
+
+def test_prompts_share_a_step_in_prefill_chunks_or_equal_shares_when_few() -> None:
+    scheduler = Scheduler(batch_size=8, prefill_chunk=4, prefill_budget=24)
+    crowd = [make_task(10) for _ in range(8)]
+    for task in crowd:
+        scheduler.add(task)
+    scheduler.admit()
+    plan = scheduler.plan()
+    assert [(r.task, r.stop - r.start) for r in plan.rows] == [(task, 4) for task in crowd[:6]], "many: prefill_chunk each"
+    lone = Scheduler(batch_size=8, prefill_chunk=4, prefill_budget=24)
+    pair = [make_task(30), make_task(5)]
+    for task in pair:
+        lone.add(task)
+    lone.admit()
+    plan = lone.plan()
+    # 24 tokens for 2 prompts: 12 each; the short one's unused share is not handed back (it comes last).
+    assert [(r.task, r.start, r.stop) for r in plan.rows] == [(pair[0], 0, 12), (pair[1], 0, 5)]
 
 
 def test_the_prefill_budget_is_shared_oldest_admission_first() -> None:
@@ -71,17 +89,30 @@ def test_the_prefill_budget_is_shared_oldest_admission_first() -> None:
     assert plan.prefill_tokens == 10 and plan.decode_tokens == 0
 
 
-def test_prefix_cache_chunks_end_at_boundaries_and_at_the_prompt_end() -> None:
+def test_prefix_cache_boundaries_inside_a_chunk_are_captured_and_its_end_saved() -> None:
     scheduler = Scheduler(batch_size=1, prefill_chunk=1000, prefill_budget=1000, prefix_boundary=256)
     task = make_task(600, prefix_cache=True)
     scheduler.add(task)
     scheduler.admit()
-    rows = [r for _ in range(3) for r in scheduler.plan().rows]
-    assert [(r.start, r.stop, r.prefix_checkpoint) for r in rows] == [
-        (0, 256, True),
-        (256, 512, True),
-        (512, 600, True),
+    (row,) = scheduler.plan().rows
+    assert (row.start, row.stop, row.checkpoints, row.prefix_checkpoint, row.samples) == (0, 600, (256, 512), True, True)
+
+
+def test_a_chunk_past_the_steps_checkpoints_ends_at_a_boundary() -> None:
+    scheduler = Scheduler(batch_size=2, prefill_chunk=16, prefill_budget=10_000, prefix_boundary=16)
+    first, second = make_task(400, prefix_cache=True), make_task(100, prefix_cache=True)
+    for task in (first, second):
+        scheduler.add(task)
+    scheduler.admit()
+    rows = scheduler.plan().rows
+    # 16 checkpoints a step: the first prompt's 16 boundaries inside [0, 272), then its chunk
+    # ends at the 17th (272, saved from the slot); the second finds none left and stops at 16.
+    assert [(r.task, r.start, r.stop, len(r.checkpoints), r.prefix_checkpoint) for r in rows] == [
+        (first, 0, 272, 16, True), (second, 0, 16, 0, True),
     ]
+    assert rows[0].checkpoints == tuple(range(16, 272, 16))
+    rows = scheduler.plan().rows
+    assert [(r.start, r.stop, r.checkpoints[:1]) for r in rows] == [(272, 400, (288,)), (16, 100, (32,))]
 
 
 def test_a_task_at_max_tokens_is_not_decoded_again_but_fed_once_when_its_state_is_saved() -> None:
@@ -164,7 +195,7 @@ def test_followers_of_a_leader_that_ends_early_prefill_themselves() -> None:
 
 
 def test_a_late_sample_follows_a_running_leader_only_while_it_is_short_of_its_last_token() -> None:
-    scheduler = Scheduler(batch_size=3, prefill_chunk=4)
+    scheduler = Scheduler(batch_size=3, prefill_chunk=4, prefill_budget=4)
     leader = make_task(10)
     scheduler.add(leader)
     scheduler.share_prefills(scheduler.admit())
