@@ -40,7 +40,8 @@ class Result:
     note: str = ""
 
 
-def _sampling(rows: int, device: torch.device) -> sampler.SamplingBatch:
+def bench_sampling(rows: int, device: torch.device) -> sampler.SamplingBatch:
+    """The benchmarks' sampling settings for `rows` rows: top-p 0.6, top-k 50, penalties, decay."""
     def full(value: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return torch.full((rows,), value, dtype=dtype, device=device)
 
@@ -56,7 +57,7 @@ def bench_decode(model: RWKV7, pool: StatePool, batch: int, steps: int, shape: s
     slots = list(range(batch))
     slot_tensor = torch.arange(batch, device=device)
     penalties = sampler.PenaltyPool(pool.batch_size, model.config.vocab_size, device)
-    sampling = _sampling(batch, device)
+    sampling = bench_sampling(batch, device)
     tokens = torch.randint(0, model.config.vocab_size, (batch,)).tolist()
     model.forward(pool, slots, [[t] for t in tokens])  # warm-up (kernels, cuBLAS)
 
@@ -117,7 +118,7 @@ def profile_decode(model: RWKV7, pool: StatePool, batch: int, steps: int = 3) ->
     slots = list(range(batch))
     slot_tensor = torch.arange(batch, device=model.device)
     penalties = sampler.PenaltyPool(pool.batch_size, model.config.vocab_size, model.device)
-    sampling = _sampling(batch, model.device)
+    sampling = bench_sampling(batch, model.device)
     tokens = [1] * batch
     model.forward(pool, slots, [[t] for t in tokens])
     torch.cuda.synchronize()

@@ -49,7 +49,8 @@ from albatross.random_checkpoint import random_state_dict
 from albatross.state import StatePool
 from albatross_engine.device_step import graph_buckets
 from albatross_engine.model_specs import parse_random_spec
-from gpu_json import write_gpu_json  # bench/ is the script's folder
+from bench_model import bench_sampling  # bench/ is the script's folder
+from gpu_json import write_gpu_json
 
 WAYS = ("mixed", "split")
 
@@ -101,17 +102,6 @@ def grid_fits(cells: list[Cell], decode_ms: dict[int, float]) -> list[Fit]:
     return fits
 
 
-def _sampling(rows: int, device: torch.device) -> sampler.SamplingBatch:
-    def full(value: float, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        return torch.full((rows,), value, dtype=dtype, device=device)
-
-    return sampler.SamplingBatch(
-        temperature=full(1.0), top_p=full(0.6), top_k=full(50, torch.int64), presence=full(0.5),
-        frequency=full(0.1), decay=full(0.996), seed32=torch.arange(rows, dtype=torch.int64, device=device) * 7919,
-        step=torch.zeros(rows, dtype=torch.int64, device=device),
-    )  # fmt: skip
-
-
 class Timer:
     """Median milliseconds of a callable: CUDA events on a GPU, the wall clock on the CPU."""
 
@@ -149,7 +139,7 @@ class Grid:
 
     def _sample(self, logits: torch.Tensor, slots: list[int]) -> None:
         rows = len(slots)
-        ops.sample(logits, torch.tensor(slots, device=self.device), _sampling(rows, self.device), self.penalties)
+        ops.sample(logits, torch.tensor(slots, device=self.device), bench_sampling(rows, self.device), self.penalties)
 
     def cell(self, chunk: int, prompt_tokens: int, decode_rows: int) -> Cell:
         decode_slots = list(range(decode_rows))

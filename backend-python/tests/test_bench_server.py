@@ -8,12 +8,12 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 
 from ports import free_port
+from server_process import wait_ready
 
 BACKEND_DIR = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(BACKEND_DIR / "bench"))
@@ -32,15 +32,7 @@ def test_http_benchmark_against_the_simulated_device_reports_each_level(tmp_path
     log = (tmp_path / "server.log").open("wb")
     process = subprocess.Popen(command, cwd=BACKEND_DIR, env={**os.environ, "RWKV_V7_ON": "1"}, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None and time.monotonic() < deadline, (tmp_path / "server.log").read_text()
-            try:
-                if httpx.get(f"{url}/readyz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+        wait_ready(process, url, tmp_path / "server.log")
         status = httpx.get(f"{url}/status").json()
         assert status["model"] == "random-2x64" and status["effective"]["device"] == "cpu"  # the simulated device's stand-in
         out = tmp_path / "api.json"

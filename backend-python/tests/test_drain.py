@@ -22,6 +22,7 @@ import uvicorn
 from fastapi.testclient import TestClient
 
 from redis_server import free_port
+from server_process import wait_ready
 from runner.context import app_context
 from runner.drain import DrainingServer
 from runner.interface import GenerationRequest
@@ -124,15 +125,7 @@ def test_sigterm_on_a_real_server_flushes_the_prefix_cache_and_exits(tiny_checkp
     log = (tmp_path / "server.log").open("wb")
     process = subprocess.Popen(command, cwd=BACKEND_DIR, env={**os.environ, "RWKV_V7_ON": "1"}, stdout=log, stderr=subprocess.STDOUT)
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert process.poll() is None and time.monotonic() < deadline, "the server did not become ready"
-            try:
-                if httpx.get(f"{url}/readyz").status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.1)
+        wait_ready(process, url, tmp_path / "server.log")
         prompts = [f"User: question number {i} about the weather\n\nAssistant:" for i in range(3)]
         for prompt in prompts:
             reply = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": prompt}], "max_tokens": 2}, timeout=60)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from albatross_engine.scheduler import RowKind, Scheduler
+from albatross_engine.scheduler import RowKind, Scheduler, StepPlan
 from albatross_engine.tasks import EngineTask, SyncChannel
 from runner.interface import SamplingParams
 
@@ -60,31 +60,26 @@ def test_long_prompts_are_chunked_and_decoding_is_never_starved_by_prefill() -> 
     assert [r.samples for step in steps for r in step.rows if r.task is long_prompt] == [False, True]
 
 
-def test_prompts_share_a_step_in_prefill_chunks_or_equal_shares_when_few() -> None:
-    scheduler = Scheduler(batch_size=8, prefill_chunk=4, prefill_budget=24)
-    crowd = [make_task(10) for _ in range(8)]
-    for task in crowd:
+def first_plan(scheduler: Scheduler, tasks: list[EngineTask]) -> StepPlan:
+    for task in tasks:
         scheduler.add(task)
     scheduler.admit()
-    plan = scheduler.plan()
+    return scheduler.plan()
+
+
+def test_prompts_share_a_step_in_prefill_chunks_or_equal_shares_when_few() -> None:
+    crowd = [make_task(10) for _ in range(8)]
+    plan = first_plan(Scheduler(batch_size=8, prefill_chunk=4, prefill_budget=24), crowd)
     assert [(r.task, r.stop - r.start) for r in plan.rows] == [(task, 4) for task in crowd[:6]], "many: prefill_chunk each"
-    lone = Scheduler(batch_size=8, prefill_chunk=4, prefill_budget=24)
     pair = [make_task(30), make_task(5)]
-    for task in pair:
-        lone.add(task)
-    lone.admit()
-    plan = lone.plan()
+    plan = first_plan(Scheduler(batch_size=8, prefill_chunk=4, prefill_budget=24), pair)
     # 24 tokens for 2 prompts: 12 each; the short one's unused share is not handed back (it comes last).
     assert [(r.task, r.start, r.stop) for r in plan.rows] == [(pair[0], 0, 12), (pair[1], 0, 5)]
 
 
 def test_the_prefill_budget_is_shared_oldest_admission_first() -> None:
-    scheduler = Scheduler(batch_size=3, prefill_chunk=100, prefill_budget=10)
     tasks = [make_task(6) for _ in range(3)]
-    for task in tasks:
-        scheduler.add(task)
-    scheduler.admit()
-    plan = scheduler.plan()
+    plan = first_plan(Scheduler(batch_size=3, prefill_chunk=100, prefill_budget=10), tasks)
     assert [(r.task, r.start, r.stop) for r in plan.rows] == [(tasks[0], 0, 6), (tasks[1], 0, 4)]
     assert plan.prefill_tokens == 10 and plan.decode_tokens == 0
 
