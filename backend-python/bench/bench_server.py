@@ -41,7 +41,7 @@ from runner.interface import AbstractRWKV
 from runner.request_log import configure_logging
 from runner.server import listening_socket, uvicorn_config
 from runner.settings import ServerSettings, settings_from_args
-from simulated_device import H200_DECODE_MS, H200_MIXED, SimulatedDevice
+from simulated_device import H200_DECODE_BY_ROWS, H200_DECODE_MS, H200_MIXED, SimulatedDevice
 from step_profile import ProfiledDevice
 
 DEVICE_STEPS = ("real", "profiled", "simulated")
@@ -75,6 +75,8 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, ServerSettin
     parser.add_argument("--device-step", choices=DEVICE_STEPS, default="profiled")
     parser.add_argument("--simulated-step", default=",".join(map(str, (H200_DECODE_MS, *H200_MIXED))),
                         help="the simulated device: decode-only step ms, then a mixed step's ms, us per prompt token, us per decode row")  # fmt: skip
+    parser.add_argument("--simulated-decode-per-row", type=float, default=0.0,
+                        help=f"ms a decode-only step adds per row, its first number then being the base (the H200: {H200_DECODE_BY_ROWS})")  # fmt: skip
     args, rest = parser.parse_known_args(argv)
     return args, settings_from_args(rest)
 
@@ -89,7 +91,8 @@ def main(argv: list[str] | None = None) -> None:
         decode_ms, *mixed = (float(x) for x in args.simulated_step.split(","))
         if len(mixed) != 3:
             sys.exit("error: --simulated-step takes four numbers: decode ms, mixed ms, us per prompt token, us per decode row")
-        _device_step, _simulated = SimulatedDevice(decode_ms, (mixed[0], mixed[1], mixed[2])), True
+        _device_step = SimulatedDevice(decode_ms, (mixed[0], mixed[1], mixed[2]), decode_ms_per_row=args.simulated_decode_per_row)
+        _simulated = True
     albatross = dataclasses.replace(BACKENDS[0], factory=f"{__name__}:create_backend")
     if _simulated:
         albatross = dataclasses.replace(albatross, preflight=())  # the path is not what loads

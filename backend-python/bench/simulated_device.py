@@ -33,6 +33,9 @@ from albatross_engine.scheduler import StepPlan
 
 H200_DECODE_MS = 38.7  # a decode-only step at batch 960, 7.2B
 H200_MIXED = (67.0, 20.9, 13.5)  # a step with prompt chunks: ms, us per prompt token, us per decode row
+# Decode-only graph steps that follow the rows (session 13, 7.2B on the H200): 5.20 ms at batch 1,
+# 36.73 at 960; the line through both, for loads far from a full batch.
+H200_DECODE_BY_ROWS = (5.17, 0.0329)  # ms, ms per row
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +43,7 @@ class SimulatedDevice:
     decode_ms: float = H200_DECODE_MS
     mixed: tuple[float, float, float] = H200_MIXED
     masked_ms: float = 0.5  # the masked rows' sampler call (mask copy, constrain and sample kernels)
+    decode_ms_per_row: float = 0.0  # > 0: a decode-only step takes decode_ms + this per row
 
     def __call__(self, model: RWKV7, batch_size: int, state_dtype: str = "fp32", cuda_graphs: bool = True) -> SimulatedDeviceStep:
         return SimulatedDeviceStep(self, model, batch_size)
@@ -57,7 +61,10 @@ class _DeviceClock:
 
     def run(self, plan: StepPlan) -> float:
         a, b, c = self.device.mixed
-        ms = self.device.decode_ms if not plan.prefill_tokens else a + b * plan.prefill_tokens / 1000 + c * plan.decode_tokens / 1000
+        if plan.prefill_tokens:
+            ms = a + b * plan.prefill_tokens / 1000 + c * plan.decode_tokens / 1000
+        else:
+            ms = self.device.decode_ms + self.device.decode_ms_per_row * plan.decode_tokens
         now = time.perf_counter()
         with self.lock:
             if self.free_at and now > self.free_at:
