@@ -3,8 +3,8 @@ tokens and decode rows: the engine's step time model measured head-on, instead o
 burst's steps (where every mixed step carries the whole prefill budget, so the base cost and the
 cost per prompt token cannot be told apart).
 
-    python bench/mixed_step_cost.py --shape 7.2b --decode-rows 0,240,480,960 \
-        --prompt-tokens 0,2048,4096,8192,16384 --chunks 128,256 --json out/mixed.json
+    python bench/mixed_step_cost.py --shape 7.2b --decode-rows 0,16,64,240,960 \
+        --prompt-tokens 0,1024,4096,16384 --chunks 128,256 --json out/mixed.json
 
 Each cell (P prompt tokens in chunks of `chunk` tokens, one slot a chunk; R decode rows, one token
 a slot) is timed with CUDA events, the median of `--reps` after a warm-up, each step followed by
@@ -233,8 +233,8 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shape", default="7.2b", help="a named shape or <layers>x<width>")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    parser.add_argument("--decode-rows", default="0,240,480,960")
-    parser.add_argument("--prompt-tokens", default="0,2048,4096,8192,16384", help="multiples of every chunk size")
+    parser.add_argument("--decode-rows", default="0,16,64,240,960")
+    parser.add_argument("--prompt-tokens", default="0,1024,4096,16384", help="multiples of every chunk size")
     parser.add_argument("--chunks", default="128", help="prompt chunk sizes (the engine's prefill_chunk)")
     parser.add_argument("--state-dtype", default=None, choices=("fp16", "fp32"), help="default: fp16 on a GPU, fp32 on the CPU (the engine's)")
     parser.add_argument("--one-prompt", action="store_true", help="each cell one chunk of P tokens (--chunks ignored)")
