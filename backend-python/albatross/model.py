@@ -315,17 +315,17 @@ class RWKV7:
             assert isinstance(logits, torch.Tensor)
             return logits, [[] for _ in slot_list]
         batch = ops.FlatBatch.build(slot_list, lengths, self.device)
-        saving = Checkpoints.build(self, pool, batch, tuple(tuple(c) for c in cuts))
-        logits = self.forward_batch(pool, batch, ops.host_to_device(flat, self.device), checkpoints=saving)
+        saving = StateCaptures.build(self, pool, batch, tuple(tuple(c) for c in cuts))
+        logits = self.forward_batch(pool, batch, ops.host_to_device(flat, self.device), captures=saving)
         return logits, saving.states()
 
     @torch.inference_mode()
     def forward_batch(
-        self, pool: StatePool, batch: ops.FlatBatch, token_ids: torch.Tensor, full_output: bool = False, checkpoints: Checkpoints | None = None
+        self, pool: StatePool, batch: ops.FlatBatch, token_ids: torch.Tensor, full_output: bool = False, captures: StateCaptures | None = None
     ) -> torch.Tensor:
         """`forward` from device tensors only (no host work, no syncs, so it can be captured in a
         CUDA graph): `token_ids` are the flat rows of `batch`. Returns fp32 logits of each slot's
-        last row `[slots, V]`, or of every row `[rows, V]` with `full_output`. `checkpoints`
+        last row `[slots, V]`, or of every row `[rows, V]` with `full_output`. `captures`
         collects the states of `forward_saving`."""
         x = self.emb.index_select(0, token_ids)
         v_first = x  # replaced by block 0's value before any use
@@ -334,12 +334,12 @@ class RWKV7:
         for index, layer in enumerate(self.layers):
             att_shift, ffn_shift, wkv = pool.layer(index)
             mixes = norm_mix.norm_mix(x, pending, layer.ln1_weight, layer.ln1_bias, att_shift, batch, layer.att_mix)
-            if checkpoints is not None:  # x is now the block's input: its norm is the token shift's state
-                checkpoints.att_shift[index] = ops.add_layer_norm(x.index_select(0, checkpoints.rows), None, layer.ln1_weight, layer.ln1_bias)
-            out, v_first = self._time_mix(index, layer, mixes, v_first, wkv, batch, checkpoints)
+            if captures is not None:  # x is now the block's input: its norm is the token shift's state
+                captures.att_shift[index] = ops.add_layer_norm(x.index_select(0, captures.rows), None, layer.ln1_weight, layer.ln1_bias)
+            out, v_first = self._time_mix(index, layer, mixes, v_first, wkv, batch, captures)
             xk = norm_mix.norm_mix(x, out, layer.ln2_weight, layer.ln2_bias, ffn_shift, batch, layer.ffn_mix)
-            if checkpoints is not None:
-                checkpoints.ffn_shift[index] = ops.add_layer_norm(x.index_select(0, checkpoints.rows), None, layer.ln2_weight, layer.ln2_bias)
+            if captures is not None:
+                captures.ffn_shift[index] = ops.add_layer_norm(x.index_select(0, captures.rows), None, layer.ln2_weight, layer.ln2_bias)
             pending = self._channel_mix(layer, xk)
         if not full_output and len(batch.lengths) != x.shape[0]:  # some slot has several rows
             x = x.index_select(0, batch.last_rows)
@@ -382,7 +382,7 @@ class RWKV7:
         v_first: torch.Tensor,
         wkv_state: torch.Tensor,
         batch: ops.FlatBatch,
-        checkpoints: Checkpoints | None = None,
+        captures: StateCaptures | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         # Few, large ops: at batch 1 the step is bound by the host's per-op cost. `mixes` are the
         # six token-shift mixes of the block's normed input (norm_mix).
@@ -397,7 +397,7 @@ class RWKV7:
         else:
             assert layer.v0 is not None and stacked == 3
             v_lora, first = lora[0], v_first
-        saving = None if checkpoints is None else (checkpoints.cuts, checkpoints.wkv[index])
+        saving = None if captures is None else (captures.cuts, captures.wkv[index])
         y = wkv_decode.prep_wkv_gate(wkv_state, batch, (r, k, v), g, (v_lora, w_lora, a_lora), first, self._step_weights[index], saving)
         return linear.mm(y, layer.output), v_first
 
@@ -407,19 +407,19 @@ class RWKV7:
 
 
 @dataclass(slots=True)
-class Checkpoints:
-    """What `forward_saving` captures: per checkpoint (in order of slot, then cut) the token
-    shift's states of every layer (the norms of the checkpoint's last row, which the pool keeps
-    for a slot's last row) and the WKV state after that row, in buffers of the pool's dtypes."""
+class StateCaptures:
+    """What `forward_saving` captures: per cut (in order of slot, then cut) the token shift's
+    states of every layer (the norms of the cut's last row, which the pool keeps for a slot's
+    last row) and the WKV state after that row, in buffers of the pool's dtypes."""
 
     cuts: tuple[tuple[int, ...], ...]
-    rows: torch.Tensor  # int64 [checkpoints]: each checkpoint's last row in the call
-    att_shift: torch.Tensor  # [L, checkpoints, C]
-    ffn_shift: torch.Tensor  # [L, checkpoints, C]
-    wkv: torch.Tensor  # [L, checkpoints, H, N, N]
+    rows: torch.Tensor  # int64 [cuts]: each cut's last row in the call
+    att_shift: torch.Tensor  # [L, cuts, C]
+    ffn_shift: torch.Tensor  # [L, cuts, C]
+    wkv: torch.Tensor  # [L, cuts, H, N, N]
 
     @classmethod
-    def build(cls, model: RWKV7, pool: StatePool, batch: ops.FlatBatch, cuts: tuple[tuple[int, ...], ...]) -> Checkpoints:
+    def build(cls, model: RWKV7, pool: StatePool, batch: ops.FlatBatch, cuts: tuple[tuple[int, ...], ...]) -> StateCaptures:
         rows = []
         start = 0
         for length, slot_cuts in zip(batch.lengths, cuts):
