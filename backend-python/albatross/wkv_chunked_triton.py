@@ -19,6 +19,8 @@ Two launches per call:
    decay span exceeds `SPAN_LIMIT` (inputs far outside the model's range) runs token by token
    instead. The value rows of the state are independent, so splitting them across programs buys
    parallelism for one long prompt at the cost of reading the chunk's factors once per block.
+   With `CAPTURE` (a separate build) it also stores the state rows after chunks the caller names,
+   the prefix cache's states inside a long chunk (albatross/wkv_dispatch.py).
 
 The first form of this kernel did the chunk's L x L products inside the scan, eleven products a
 chunk one after another; the H200 timed it at 2.4 ms a layer for 1 x 4,096 (64 heads) against
@@ -110,13 +112,15 @@ def _chunk_scan_kernel(
     state_ptr, slot_idx_ptr, cu_ptr, chunk_offsets_ptr, factors_ptr, decay_ptr, span_ptr, y_ptr,
     r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,
     stride_r, stride_w, stride_k, stride_v, stride_a, stride_b, stride_y,
-    span_limit, total,
+    span_limit, total, capture_ptr, chunk_capture_ptr,
     H: tl.constexpr, N: tl.constexpr, L: tl.constexpr, BV: tl.constexpr, F: tl.constexpr, PRECISION: tl.constexpr,
-    KEY_MAJOR: tl.constexpr,
+    KEY_MAJOR: tl.constexpr, CAPTURE: tl.constexpr,
 ):  # fmt: skip
     # KEY_MAJOR: the program holds its state rows transposed, [N(key), BV], so every product takes
     # the state and the factors as they are (Bd and Kd are loaded transposed) and no computed tile
     # is transposed on the way; otherwise [BV, N], the state's own layout.
+    # CAPTURE: after chunk g (the call's chunk index) the state rows also go to capture
+    # `chunk_capture[g]` of `capture_ptr` ([captures, H, N, N]) where that is not -1.
     s, h, vb = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t0 = tl.load(cu_ptr + s)
     t1 = tl.load(cu_ptr + s + 1)
@@ -135,6 +139,8 @@ def _chunk_scan_kernel(
         plane = tl.cast(total, tl.int64) * N  # one factor of one head: [total, N]
         head_factors = factors_ptr + h * (F * plane)
         key = tl.load(chunk_offsets_ptr + s).to(tl.int64) * H + h
+        if CAPTURE:
+            chunk = (key - h) // H  # the call's index of this slot's chunk (counted on below)
         # The chunk's factors are loaded one chunk ahead (the loads of chunk i + 1 are in flight
         # while chunk i's products run), so a step waits on its products, not on memory.
         W, Q, Bd, Kd, U, Yv, decay_all, v, span = _scan_operands(
@@ -182,8 +188,18 @@ def _chunk_scan_kernel(
                             S = S * tl.exp(-tl.exp(w_t))[None, :] + sa[:, None] * b_t[None, :] + v_t[:, None] * k_t[None, :]
                             y_t = tl.sum(S * r_t[None, :], axis=1)
                         tl.store(y_ptr + row64 * stride_y + vcols, y_t.to(y_ptr.dtype.element_ty))
+            if CAPTURE:
+                capture = tl.load(chunk_capture_ptr + chunk).to(tl.int64)
+                if capture >= 0:
+                    if KEY_MAJOR:
+                        capture_offsets = ((capture * H + h) * N + vi[None, :]) * N + kj[:, None]
+                    else:
+                        capture_offsets = ((capture * H + h) * N + vi[:, None]) * N + kj[None, :]
+                    tl.store(capture_ptr + capture_offsets, S.to(capture_ptr.dtype.element_ty))
             W, Q, Bd, Kd, U, Yv, decay_all, v, span = nW, nQ, nBd, nKd, nU, nYv, n_decay, n_v, n_span
             key += H
+            if CAPTURE:
+                chunk += 1
         tl.store(state_ptr + state_offsets, S.to(state_ptr.dtype.element_ty))
 
 
@@ -243,13 +259,21 @@ def wkv7_chunked_triton(
     num_warps: int = 4,
     chunk: int = CHUNK,
     key_major: bool = False,
+    captures: torch.Tensor | None = None,
+    chunk_captures: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """`ops.wkv7` by chunks of `chunk` tokens. `lengths` are the host-side token counts of the
     slots (they size the launch without a device sync); `offsets` the device int32 form of
     `chunk_offsets(lengths, chunk)` when the caller keeps one per batch (built here otherwise).
     `key_major` runs the scan on transposed state rows (the kernel's comment says why; not yet
-    timed, so off). `state` is updated in place."""
+    timed, so off). `state` is updated in place. `captures` ([n, H, N, N], the state's dtype) with
+    `chunk_captures` (device int32, one entry per chunk of the call in `offsets` order: a capture
+    index or -1) also copies a slot's state after those chunks (prefix-cache checkpoints)."""
     _check(state, slot_idx, cu_seqlens, (r, w, k, v, a, b), lengths, block_values, chunk)
+    if (captures is None) != (chunk_captures is None):
+        raise ValueError("captures and chunk_captures go together")
+    if captures is not None and (captures.dim() != 4 or captures.shape[1:] != state.shape[1:] or captures.dtype != state.dtype):
+        raise ValueError(f"captures must be [n, {state.shape[1]}, 64, 64] of the state's dtype, got {tuple(captures.shape)} {captures.dtype}")
     total, C = r.shape
     H = state.shape[1]
     y = torch.empty(total, C, dtype=r.dtype, device=r.device)
@@ -271,9 +295,12 @@ def wkv7_chunked_triton(
             *inputs, *strides, cu_seqlens, offsets, factors, decay, span, total,
             H=H, N=HEAD, L=chunk, F=FACTORS, PRECISION=precision, num_warps=8,
         )  # fmt: skip
+        capture = captures is not None
         _chunk_scan_kernel[(slots, H, HEAD // block_values)](
             state, slot_idx, cu_seqlens, offsets, factors, decay, span, y, *inputs, *strides, y.stride(0), SPAN_LIMIT, total,
-            H=H, N=HEAD, L=chunk, BV=block_values, F=FACTORS, PRECISION=precision, KEY_MAJOR=key_major, num_warps=num_warps,
+            captures if capture else state, chunk_captures if capture else offsets,
+            H=H, N=HEAD, L=chunk, BV=block_values, F=FACTORS, PRECISION=precision, KEY_MAJOR=key_major, CAPTURE=capture,
+            num_warps=num_warps,
         )  # fmt: skip
     return y
 

@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from albatross import ops
+from albatross.wkv_chunked import CHUNK
 
 log = logging.getLogger("albatross.kernels")
 
@@ -84,7 +85,8 @@ class Part:
     cu_seqlens: torch.Tensor
     lengths: tuple[int, ...]
     offsets: torch.Tensor | None  # the chunked kernel's chunk offsets (device int32)
-    capture: int = -1  # index into the call's captured states; -1: none
+    capture: int = -1  # a sequential part: after it, its one slot's state goes to this capture; -1: none
+    chunk_captures: torch.Tensor | None = None  # a chunked part: per chunk, a capture index or -1 (device int32)
 
 
 def chunked_kernel_available() -> bool:
@@ -116,19 +118,30 @@ def wkv7(
 ) -> torch.Tensor:
     """`ops.wkv7` for one layer of a forward call, on the kernels the policy picks. With `cuts`,
     slot s's state after its first `cuts[s][j]` tokens is copied into `captures` ([checkpoints,
-    H, N, N], in order of slot then cut): that slot walks its rows in pieces on the sequential
-    kernel, which costs a launch a piece and nothing else (its walk is one token after another)."""
+    H, N, N], in order of slot then cut). Such a slot runs its rows up to its first cut on the
+    sequential kernel, then the rest on the chunked kernel when the policy takes that rest as a
+    long slot and its cuts fall on chunk ends (the kernel copies the state out after those
+    chunks), else in pieces on the sequential kernel (a launch a piece; its walk is one token
+    after another anyway)."""
     policy = POLICY if policy is None else policy
     if cuts is not None and not any(cuts):
         cuts = None
     run = None
     if state.is_cuda and not batch.single_token and chunked_kernel_available():
-        lengths = batch.lengths if cuts is None else tuple(1 if c else n for n, c in zip(batch.lengths, cuts))
+        lengths = batch.lengths if cuts is None else tuple(_policy_length(n, c) for n, c in zip(batch.lengths, cuts))
         run = policy.chunked_run(lengths, state.shape[1])
     if run is None and cuts is None:
         return ops.wkv7(state, batch.slot_idx, batch.cu_seqlens, r, w, k, v, a, b, batch.single_token)
     chunked = _chunked.wkv7_chunked_triton if run is not None else _no_chunked_kernel
     return run_parts(state, _parts(batch, run, cuts), (r, w, k, v, a, b), chunked, ops.wkv7, captures)
+
+
+def _policy_length(length: int, cuts: tuple[int, ...]) -> int:
+    """What the policy sees of a slot: with cuts, the part after its first cut when the chunked
+    kernel could capture the others (each a whole number of chunks past the first), else 1."""
+    if not cuts:
+        return length
+    return length - cuts[0] if all((cut - cuts[0]) % CHUNK == 0 for cut in cuts) else 1
 
 
 def _no_chunked_kernel(*args: object, **options: object) -> torch.Tensor:
@@ -150,7 +163,10 @@ def run_parts(
     outputs = []
     for part in parts:
         rows = [x[part.row_start : part.row_stop] for x in inputs]
-        if part.chunked:
+        if part.chunked and part.chunk_captures is not None:
+            outputs.append(chunked(state, part.slot_idx, part.cu_seqlens, *rows, part.lengths, offsets=part.offsets,
+                                   captures=captures, chunk_captures=part.chunk_captures))  # fmt: skip
+        elif part.chunked:
             outputs.append(chunked(state, part.slot_idx, part.cu_seqlens, *rows, part.lengths, offsets=part.offsets))
         else:
             single = all(n == 1 for n in part.lengths)
@@ -168,62 +184,89 @@ def split_parts(
     cuts: Cuts | None = None,
 ) -> list[Part]:
     """The call cut into parts: the chunked run (slots [run[0], run[1])), the pieces of each slot
-    with cuts (one part a piece, capture indices in order of slot then cut), and the sequential
-    slots between them, grouped. Every part's device index tensors come from one host copy (no
-    sync). `chunk_offsets` builds the chunked kernel's offsets (None: the part gets none, as the
-    torch twin needs none)."""
+    with cuts (capture indices in order of slot then cut), and the sequential slots between them,
+    grouped. A slot with cuts runs up to its first cut on the sequential kernel; in the run, the
+    rest is one chunked part that captures at its other cuts (whole chunks past the first cut,
+    `_policy_length`), else the rest goes in sequential pieces. Every part's device index tensors
+    come from one host copy (no sync). `chunk_offsets` builds the chunked kernel's offsets (None:
+    the part gets none, as the torch twin needs none)."""
     count = len(batch.lengths)
     bounds = [0]
     for n in batch.lengths:
         bounds.append(bounds[-1] + n)
-    # (first slot, last slot + 1, chunked, row start, row stop, capture)
-    spans: list[tuple[int, int, bool, int, int, int]] = []
+
+    def in_run(slot: int) -> bool:
+        return run is not None and run[0] <= slot < run[1]
+
+    spans: list[_Span] = []
     captured = 0
     slot = 0
     while slot < count:
         slot_cuts = cuts[slot] if cuts is not None else ()
         if slot_cuts:
-            if list(slot_cuts) != sorted(set(slot_cuts)) or slot_cuts[0] < 1 or slot_cuts[-1] >= batch.lengths[slot]:
-                raise ValueError(f"slot {slot}'s cuts {slot_cuts} must increase within [1, {batch.lengths[slot]})")
-            pieces = [0, *slot_cuts, batch.lengths[slot]]
-            for j in range(len(pieces) - 1):
-                capture = captured + j if j < len(slot_cuts) else -1
-                spans.append((slot, slot + 1, False, bounds[slot] + pieces[j], bounds[slot] + pieces[j + 1], capture))
+            length = batch.lengths[slot]
+            if list(slot_cuts) != sorted(set(slot_cuts)) or slot_cuts[0] < 1 or slot_cuts[-1] >= length:
+                raise ValueError(f"slot {slot}'s cuts {slot_cuts} must increase within [1, {length})")
+            pieces = [0, *slot_cuts, length]
+            if in_run(slot):  # the first piece, then the rest in one chunked part
+                first = slot_cuts[0]
+                spans.append(_Span(slot, slot + 1, False, bounds[slot], bounds[slot] + first, captured))
+                marks = {(cut - first) // CHUNK - 1: captured + j for j, cut in enumerate(slot_cuts[1:], 1)}
+                spans.append(_Span(slot, slot + 1, True, bounds[slot] + first, bounds[slot] + length, -1, marks))
+            else:
+                for j in range(len(pieces) - 1):
+                    capture = captured + j if j < len(slot_cuts) else -1
+                    spans.append(_Span(slot, slot + 1, False, bounds[slot] + pieces[j], bounds[slot] + pieces[j + 1], capture))
             captured += len(slot_cuts)
             slot += 1
             continue
-        chunked = run is not None and run[0] <= slot < run[1]
         last = slot + 1
-        while last < count and not (cuts is not None and cuts[last]) and (run is not None and run[0] <= last < run[1]) == chunked:
+        while last < count and not (cuts is not None and cuts[last]) and in_run(last) == in_run(slot):
             last += 1
-        spans.append((slot, last, chunked, bounds[slot], bounds[last], -1))
+        spans.append(_Span(slot, last, in_run(slot), bounds[slot], bounds[last], -1))
         slot = last
     host: list[int] = []
     layout = []
-    for first, last, chunked, row_start, row_stop, _ in spans:
-        lengths = (row_stop - row_start,) if last - first == 1 else batch.lengths[first:last]
+    for span in spans:
+        lengths = (span.row_stop - span.row_start,) if span.last - span.first == 1 else batch.lengths[span.first : span.last]
         rebased = [0]
         for n in lengths:
             rebased.append(rebased[-1] + n)
-        offsets = chunk_offsets(lengths) if chunked and chunk_offsets is not None else []
-        layout.append((len(host), len(rebased), len(offsets), lengths))
-        host += rebased + offsets
+        offsets = chunk_offsets(lengths) if span.chunked and chunk_offsets is not None else []
+        chunk_marks = [span.marks.get(c, -1) for c in range(-(-lengths[0] // CHUNK))] if span.marks is not None else []
+        layout.append((len(host), len(rebased), len(offsets), len(chunk_marks), lengths))
+        host += rebased + offsets + chunk_marks
     ints = ops.host_to_device(torch.tensor(host, dtype=torch.int32), batch.cu_seqlens.device)
     parts = []
-    for (first, last, chunked, row_start, row_stop, capture), (at, bound_count, offset_count, lengths) in zip(spans, layout):
+    for span, (at, bound_count, offset_count, mark_count, lengths) in zip(spans, layout):
+        at_marks = at + bound_count + offset_count
         parts.append(
             Part(
-                chunked=chunked,
-                row_start=row_start,
-                row_stop=row_stop,
-                slot_idx=batch.slot_idx[first:last],
+                chunked=span.chunked,
+                row_start=span.row_start,
+                row_stop=span.row_stop,
+                slot_idx=batch.slot_idx[span.first : span.last],
                 cu_seqlens=ints[at : at + bound_count],
                 lengths=lengths,
-                offsets=ints[at + bound_count : at + bound_count + offset_count] if offset_count else None,
-                capture=capture,
+                offsets=ints[at + bound_count : at_marks] if offset_count else None,
+                capture=span.capture,
+                chunk_captures=ints[at_marks : at_marks + mark_count] if span.marks is not None else None,
             )
         )
     return parts
+
+
+@dataclass(frozen=True, slots=True)
+class _Span:
+    """A part before its device tensors: slots [first, last), its rows, and what it captures."""
+
+    first: int
+    last: int
+    chunked: bool
+    row_start: int
+    row_stop: int
+    capture: int
+    marks: dict[int, int] | None = None  # a chunked part's captures: chunk index -> capture index
 
 
 def _parts(batch: ops.FlatBatch, run: tuple[int, int] | None, cuts: Cuts | None) -> list[Part]:

@@ -101,13 +101,14 @@ def test_decode_graph_replay_equals_eager_decode(models: tuple[RWKV7, RWKV7]) ->
 
 @pytest.mark.parametrize("state_dtype", [torch.float16, torch.float32])
 def test_states_captured_inside_a_chunk_match_feeding_each_prefix_alone(models: tuple[RWKV7, RWKV7], state_dtype: torch.dtype) -> None:
-    """The prefix cache's checkpoints inside a long chunk on the GPU: the slot with cuts walks its
-    WKV rows in pieces (one long slot beside it takes the chunked kernel, decode rows the
-    sequential one), and each captured state matches the state of feeding that prefix alone."""
+    """The prefix cache's checkpoints inside a long chunk on the GPU: the slot with cuts runs up to
+    its first cut on the sequential kernel and the rest on the chunked kernel, which copies the
+    state out at the other cuts (the long slot beside it is chunked too, the decode row
+    sequential); each captured state matches the state of feeding that prefix alone."""
     _, gpu = models
     gen = torch.Generator().manual_seed(9)
-    prompts = [torch.randint(0, 65530, (n,), generator=gen).tolist() for n in (1, 700, 1, 600)]
-    cuts = [[], [256, 512], [], []]
+    prompts = [torch.randint(0, 65530, (n,), generator=gen).tolist() for n in (1, 1200, 600, 1)]
+    cuts = [[], [256, 512, 768, 1024], [], []]
     pool, reference = gpu.new_pool(6, state_dtype), gpu.new_pool(6, state_dtype)
     slots = [5, 1, 3, 0]
     logits, saved = gpu.forward_saving(pool, slots, prompts, cuts)

@@ -187,10 +187,15 @@ def test_a_split_call_with_the_triton_kernel_matches_the_whole_sequential_call_i
     results = {result["case"]: result for result in interpreter_cases(HERE / "wkv_split_interpreter.py")}
     assert [tuple(p) for p in results["decode rows, then a long slot"]["parts"]] == [(False, 0, 2), (True, 2, 42), (False, 42, 43)]
     assert [tuple(p) for p in results["one long slot alone"]["parts"]] == [(True, 0, 41)]
-    assert len(results) == 3
+    assert [tuple(p) for p in results["captures inside a long slot"]["parts"]] == [(False, 0, 1), (False, 1, 4), (True, 4, 71), (False, 71, 72)]
+    assert [tuple(p) for p in results["captures off the chunk ends: sequential pieces"]["parts"]] == [
+        (False, 0, 5), (False, 5, 30), (False, 30, 70), (False, 70, 71),
+    ]
+    assert len(results) == 5
     for result in results.values():  # fp32 in, ieee products: a few ulps apart
         assert result["y_diff"] <= 2e-6 * max(1.0, result["y_scale"]), result
         assert result["state_diff"] <= 2e-6 * max(1.0, result["state_scale"]), result
+        assert result["capture_diff"] <= 2e-6 * max(1.0, result["state_scale"]), result
 
 
 def test_the_default_policy_chunks_one_long_slot_only() -> None:

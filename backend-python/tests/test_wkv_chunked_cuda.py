@@ -207,3 +207,32 @@ def test_a_call_split_between_the_kernels_matches_the_sequential_call(lengths: l
     # Neither is further from float64 than the bar: the split is not a new source of error.
     assert _max_rel(split_state[touched], state64) <= bar
     assert _max_rel(split_y, y64) <= bar
+
+
+@pytest.mark.parametrize("state_dtype", [torch.float16, torch.float32])
+def test_the_chunked_kernel_captures_states_at_chunk_ends(state_dtype: torch.dtype) -> None:
+    """The prefix cache's checkpoints inside a long slot: its first 40 rows on the sequential
+    kernel, the rest chunked with the state copied out after chunks 15 and 31 (cuts 296 and 552),
+    against the sequential kernel over each prefix alone."""
+    heads = 2
+    lengths, cuts = [1, 700, 1], ((), (40, 296, 552), ())
+    gen = torch.Generator(device=DEV).manual_seed(21 + int(state_dtype == torch.float16))
+    inputs = wkv_inputs(lengths, heads, torch.float16, gen, device=DEV)
+    slots = [4, 1, 2]
+    batch = ops.FlatBatch.build(slots, lengths, torch.device(DEV))
+    start = (torch.randn(6, heads, 64, 64, generator=gen, device=DEV) * 0.3).to(state_dtype)
+    policy = wkv_dispatch.ChunkedPolicy(min_tokens=512, max_long_heads=heads)
+    parts = wkv_dispatch.split_parts(batch, (1, 2), wkv_dispatch._chunked.chunk_offsets, cuts)
+    assert [(p.chunked, p.row_start, p.row_stop) for p in parts] == [(False, 0, 1), (False, 1, 41), (True, 41, 701), (False, 701, 702)]
+    state, captures = start.clone(), torch.full((3, heads, 64, 64), float("nan"), device=DEV, dtype=state_dtype)
+    y = wkv_dispatch.wkv7(state, batch, *inputs, policy=policy, cuts=cuts, captures=captures)
+    whole_state = start.clone()
+    whole_y = wkv_dispatch.wkv7(whole_state, batch, *inputs, policy=wkv_dispatch.ChunkedPolicy(enabled=False))
+    bar = TF32X3_FP32_TOLERANCE if state_dtype == torch.float32 else TOLERANCE[torch.float16]
+    assert torch.isfinite(captures).all()
+    assert _max_rel(y, whole_y) <= bar and _max_rel(state[slots], whole_state[slots]) <= bar
+    for index, cut in enumerate(cuts[1]):
+        alone = start.clone()
+        one = ops.FlatBatch.build([1], [cut], torch.device(DEV))
+        ops.wkv7(alone, one.slot_idx, one.cu_seqlens, *(x[1 : 1 + cut] for x in inputs), False)
+        assert _max_rel(captures[index], alone[1]) <= bar, cut

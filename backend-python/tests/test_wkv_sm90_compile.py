@@ -31,7 +31,8 @@ def _scan_signature(state: str) -> dict[str, str]:
     pointers = {"state_ptr": f"*{state}", "slot_idx_ptr": "*i32", "cu_ptr": "*i32", "chunk_offsets_ptr": "*i32",
                 "factors_ptr": "*fp32", "decay_ptr": "*fp32", "span_ptr": "*fp32", "y_ptr": "*fp16"}  # fmt: skip
     return {**pointers, **dict.fromkeys(INPUTS, "*fp16"), **dict.fromkeys((*STRIDES, "stride_y"), "i32"), "span_limit": "fp32",
-            "total": "i32", **dict.fromkeys(("H", "N", "L", "BV", "F", "PRECISION", "KEY_MAJOR"), "constexpr")}  # fmt: skip
+            "total": "i32", "capture_ptr": f"*{state}", "chunk_capture_ptr": "*i32",
+            **dict.fromkeys(("H", "N", "L", "BV", "F", "PRECISION", "KEY_MAJOR", "CAPTURE"), "constexpr")}  # fmt: skip
 
 
 @pytest.mark.parametrize("precision", ["tf32x3", "ieee"])
@@ -42,12 +43,19 @@ def test_the_prepare_kernel_builds_without_spills(precision: str) -> None:
     assert build.shared_bytes <= SM90_SHARED_BYTES, build
 
 
-@pytest.mark.parametrize("precision", ["tf32x3", "ieee"])
-@pytest.mark.parametrize("state", ["fp16", "fp32"])
-@pytest.mark.parametrize("num_warps", [4, 8])
-@pytest.mark.parametrize("key_major", [False, True], ids=["value-major", "key-major"])
-def test_the_scan_kernel_builds_without_spills(key_major: bool, num_warps: int, state: str, precision: str) -> None:
-    constexprs = {"H": 64, "N": chunked.HEAD, "L": chunked.CHUNK, "BV": 32, "F": chunked.FACTORS, "PRECISION": precision, "KEY_MAJOR": key_major}
+# The prefix cache's captures (CAPTURE) at the dispatch's settings: tf32x3, 4 warps, value-major.
+SCAN_BUILDS = [
+    *[(precision, state, warps, key_major, False) for precision in ("tf32x3", "ieee") for state in ("fp16", "fp32")
+      for warps in (4, 8) for key_major in (False, True)],
+    ("tf32x3", "fp16", 4, False, True),
+    ("tf32x3", "fp32", 4, False, True),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("precision", "state", "num_warps", "key_major", "capture"), SCAN_BUILDS)
+def test_the_scan_kernel_builds_without_spills(capture: bool, key_major: bool, num_warps: int, state: str, precision: str) -> None:
+    constexprs = {"H": 64, "N": chunked.HEAD, "L": chunked.CHUNK, "BV": 32, "F": chunked.FACTORS, "PRECISION": precision, "KEY_MAJOR": key_major,
+                  "CAPTURE": capture}  # fmt: skip
     build = compile_sm90(chunked._chunk_scan_kernel, _scan_signature(state), constexprs, num_warps=num_warps, num_stages=1)
     assert build.spill_bytes <= IEEE_SCAN_SPILLS if precision == "ieee" else build.spill_bytes == 0, build
     assert 0 < build.registers <= 255, build
