@@ -34,11 +34,13 @@ from albatross.cuda_graphs import DecodeGraphRunner, forward_decode
 from albatross.dtypes import DTYPES
 from albatross.model import RWKV7
 from albatross.ops import FlatBatch, host_to_device
-from albatross import ops
+from albatross import ops, wkv_dispatch
 from albatross.constraints import MASK_WORDS
+from albatross.wkv_chunked import CHUNK
 from albatross.sampler import MASK32, AllowedTokens, LogitBias, PenaltyPool, SamplingBatch, TopLogprobs, top_logprobs
 from albatross.state import SlotState, StatePool
 from albatross_engine.scheduler import Row, RowKind, StepPlan
+from runner.interface import END_OF_TEXT_TOKEN
 
 if TYPE_CHECKING:
     from albatross_engine.tasks import EngineTask
@@ -127,6 +129,26 @@ class DeviceStep:
         self._graphs = _decode_graph_runner(model, self.pool, batch_size) if use_graphs else None
         self._largest_bucket = max(self._graphs.buckets) if self._graphs is not None else 0
         self._last: IssuedStep | None = None  # its sampled ids feed the next step's decode rows
+
+    def warm_long_prefill(self, prefill_budget: int) -> None:
+        """Build the chunked WKV kernels a long prompt takes (with and without the prefix cache's
+        captures) before any task holds a slot: Triton compiles each variant at its first call,
+        seconds the first long prompt after start would otherwise wait. Only on a GPU, and only
+        where a step may carry a chunk that long (`prefill_budget`; the warm-up's activations stay
+        within the memory plan's). A failure leaves the build to the first long prompt."""
+        length = wkv_dispatch.POLICY.min_tokens + CHUNK
+        if self.device.type != "cuda" or prefill_budget < length or not wkv_dispatch.chunked_kernel_available():
+            return
+        if not wkv_dispatch.POLICY.prefers_chunked((length - CHUNK,), self.model.config.n_head):
+            return  # this model's long prompts take the sequential kernel
+        tokens = [[END_OF_TEXT_TOKEN] * length]
+        try:
+            self.model.forward(self.pool, [0], tokens)
+            self.model.forward_saving(self.pool, [0], tokens, [[CHUNK]])  # the rest after the cut: min_tokens, captured
+        except Exception:
+            logger.exception("building the chunked WKV kernels at load failed; the first long prompt builds them")
+        finally:
+            self.reset_slots([0])
 
     def reset_slots(self, slots: list[int]) -> None:
         """A fresh sequence: zero state and no penalties. The pool's and penalties' own reset build

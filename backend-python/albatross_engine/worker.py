@@ -228,6 +228,7 @@ class Worker:
             assert plan is not None
             state_dtype = self.config.effective_state_dtype(self.device.type)
             device_step = self.device_step = self._device_step_factory(model, plan.batch_size, state_dtype, self.config.cuda_graphs)
+            device_step.warm_long_prefill(plan.prefill_budget)
         except torch.OutOfMemoryError as error:  # the plan's estimate fell short: one message, no traceback
             raise MemoryPlanError(_out_of_memory_message(self.plan, error)) from None
         self._saved_states = SavedStates(device_step, self.metrics, self._prompt_ends, self._store)

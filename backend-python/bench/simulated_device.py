@@ -170,6 +170,9 @@ class SimulatedDeviceStep:
             self._penalties = PenaltyPool(self.pool.batch_size, self.vocab_size)
         return self._penalties
 
+    def warm_long_prefill(self, prefill_budget: int) -> None:
+        pass  # no kernels to build
+
     def reset_slots(self, slots: list[int]) -> None:
         self.pool.reset(slots)
 

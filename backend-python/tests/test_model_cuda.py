@@ -126,3 +126,24 @@ def test_states_captured_inside_a_chunk_match_feeding_each_prefix_alone(models: 
             got = getattr(state, name).cpu()
             assert torch.isfinite(got.float()).all()
             assert _relative_error(got, getattr(want, name).double()) <= 1e-2, (cut, name)
+
+
+def test_building_the_long_prefill_kernels_at_load_leaves_every_slot_as_it_was(models: tuple[RWKV7, RWKV7]) -> None:
+    """DeviceStep.warm_long_prefill runs a long prompt on slot 0, with and without captures, before
+    any task holds a slot: afterwards slot 0 is zero again and every other slot untouched, and a
+    budget too small for a long chunk skips it."""
+    from albatross_engine.device_step import DeviceStep
+
+    _, gpu = models
+    step = DeviceStep(gpu, batch_size=4, state_dtype="fp16", cuda_graphs=False)
+    gpu.forward(step.pool, [1, 2], [[5, 6, 7], [8]])  # give two slots a history
+    before = [step.pool.read(slot) for slot in range(4)]
+    step.warm_long_prefill(prefill_budget=16384)
+    step.warm_long_prefill(prefill_budget=256)
+    torch.cuda.synchronize()
+    for slot in range(4):
+        after = step.pool.read(slot)
+        for name in ("att_shift", "ffn_shift", "wkv"):
+            got = getattr(after, name)
+            want = torch.zeros_like(got) if slot == 0 else getattr(before[slot], name)
+            assert torch.equal(got, want), (slot, name)
