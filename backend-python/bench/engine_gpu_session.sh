@@ -11,7 +11,8 @@
 # bench/bench_server.py with CUDA events around every step, and print each HTTP level's step profile:
 # GPU time per kind of step, the mixed steps' fit, the GPU's idle time between steps), MIXED=1
 # (bench/mixed_step_cost.py: a mixed step's time on a grid of prompt tokens x decode rows, the engine's
-# one-forward step against graph decode + a prefill forward; MIXED_CHUNKS, default "128,256").
+# one-forward step against graph decode + a prefill forward; MIXED_CHUNKS, default "128,256"),
+# RATES (e.g. "4,16": bench/request_rate_benchmark.py against the HTTP server, RATES_DURATION s each).
 set -uo pipefail
 . "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/log.txt"
@@ -76,6 +77,10 @@ if [ "${HTTP:-1}" = 1 ]; then
   api api
   if [ "${NOCACHE:-1}" = 1 ]; then  # the same load without the per-request prefix-cache saves
     api api_nocache --route openai-native --prefix-cache off
+  fi
+  if [ -n "${RATES:-}" ]; then  # Poisson arrivals of the request-rate mix (long prompts included)
+    timeout "${RATES_TIMEOUT:-400}" python3 bench/request_rate_benchmark.py --url http://127.0.0.1:8123 --rates "$RATES" \
+        --duration "${RATES_DURATION:-30}" --json "$OUT/request_rate.json" 2>&1 | tee -a "$OUT/log.txt" | tail -12
   fi
   kill "$server"; wait "$server" 2>/dev/null
   for interval in ${SWITCH_INTERVALS:-}; do
