@@ -9,7 +9,8 @@ engine against a simulated device; this isolates the policy.
 
 A step with prompt chunks takes `--mixed` (ms + us per prompt token + us per decode row: the H200
 7.2B fit of docs/performance.md); a decode-only step `--decode-ms` (a CUDA graph: 38.7 ms for 960
-rows on the H200, whatever the rows), or `fit` for the mixed formula without prompt tokens. Every
+rows on the H200, whatever the rows; `5.17+0.0329`, the line through the H200's 1- and 960-row
+graph steps, for loads far from a full batch), or `fit` for the mixed formula without prompt tokens. Every
 sampled token reaches its stream when its step ends: TTFT is the end of a request's first
 sampling step (from its arrival), an inter-token gap the time between two of its tokens. With
 `--rate` requests arrive as a Poisson process instead of all at once, and an idle device jumps to
@@ -38,11 +39,12 @@ class StepCost:
     us_per_prompt_token: float
     us_per_decode_row: float
     decode_only_ms: float | None  # None: decode-only steps follow the mixed formula
+    decode_only_ms_per_row: float = 0.0  # a decode-only step's time also grows this much a row
 
     def seconds(self, plan: StepPlan) -> float:
         rows_ms = self.us_per_decode_row * plan.decode_tokens / 1000
         if not plan.prefill_tokens and self.decode_only_ms is not None:
-            return self.decode_only_ms / 1000
+            return (self.decode_only_ms + self.decode_only_ms_per_row * plan.decode_tokens) / 1000
         return (self.base_ms + self.us_per_prompt_token * plan.prefill_tokens / 1000 + rows_ms) / 1000
 
 
@@ -125,11 +127,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rate", type=float, default=0.0, help="Poisson arrivals per second; 0: every request at once")
     parser.add_argument("--targets", default="0,100,150,180,200,250", help="itl_target_ms values, 0: the static budget")
     parser.add_argument("--mixed", default="18,26,40", help="a step with prompt chunks: ms, us per prompt token, us per decode row")
-    parser.add_argument("--decode-ms", default="38.7", help="a decode-only step in ms, or 'fit' for the mixed formula")
+    parser.add_argument("--decode-ms", default="38.7",
+                        help="a decode-only step in ms; 'A+B': A ms + B ms a row (the H200's graph steps: 5.17+0.0329); or 'fit' for the mixed formula")  # fmt: skip
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     base, per_token, per_row = (float(x) for x in args.mixed.split(","))
-    cost = StepCost(base, per_token, per_row, None if args.decode_ms == "fit" else float(args.decode_ms))
+    if args.decode_ms == "fit":
+        cost = StepCost(base, per_token, per_row, None)
+    else:
+        decode_ms, _, per_decode_row = args.decode_ms.partition("+")
+        cost = StepCost(base, per_token, per_row, float(decode_ms), float(per_decode_row or 0.0))
     rng = random.Random(args.seed)
     prompts = [rng.randint(args.prompt_min, args.prompt_max) for _ in range(args.requests)]
     arrivals, at = [], 0.0
