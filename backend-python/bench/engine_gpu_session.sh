@@ -53,7 +53,7 @@ start_server() {  # $1: sys.setswitchinterval value, or "" for Python's default
   local script=main.py device_step=()
   if [ -n "${DEVICE_STEP:-}" ]; then script=bench/bench_server.py device_step=(--device-step "$DEVICE_STEP"); fi
   python3 -c "import sys, runpy; sys.setswitchinterval(float('$1')) if '$1' else None; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')" \
-    "$script" "${device_step[@]}" --model-path "random:${SHAPE:-7.2b}" --strategy "albatross workers=1 batch=960" --port 8123 --max-tokens 4096 >>"$OUT/server.log" 2>&1 &
+    "$script" "${device_step[@]}" --model-path "random:${SHAPE:-7.2b}" --strategy "albatross workers=1 batch=960 ${STRATEGY_EXTRA:-}" --port 8123 --max-tokens 4096 >>"$OUT/server.log" 2>&1 &
   server=$!
   for _ in $(seq 1 150); do
     if python3 -c "import httpx,sys; sys.exit(0 if httpx.get('http://127.0.0.1:8123/status').json().get('status') == 3 else 1)" 2>/dev/null; then return; fi

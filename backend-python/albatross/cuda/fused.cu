@@ -54,6 +54,30 @@ __device__ __forceinline__ void store8(T* p, const float (&f)[kVec]) {
   for (int w = 0; w < kWords; ++w) reinterpret_cast<uint4*>(p)[w] = raw[w];
 }
 
+// 8 consecutive elements as they are in memory (16-byte accesses), converted later by unpack8:
+// prep8 and gn8 issue every global read before their first store or shuffle, so a lane waits for
+// memory once instead of once per group of loads (a store to k or v, which the compiler cannot
+// prove distinct from the other inputs, would otherwise keep later loads from moving above it).
+template <typename T>
+struct Raw8 {
+  uint4 w[kVec * sizeof(T) / 16];
+};
+
+template <typename T>
+__device__ __forceinline__ Raw8<T> fetch8(const T* p) {
+  Raw8<T> r;
+#pragma unroll
+  for (int w = 0; w < static_cast<int>(kVec * sizeof(T) / 16); ++w) r.w[w] = reinterpret_cast<const uint4*>(p)[w];
+  return r;
+}
+
+template <typename T>
+__device__ __forceinline__ void unpack8(const Raw8<T>& r, float (&f)[kVec]) {
+  const T* v = reinterpret_cast<const T*>(r.w);
+#pragma unroll
+  for (int q = 0; q < kVec; ++q) f[q] = to_float(v[q]);
+}
+
 // Sum over the 8 adjacent lanes that hold one head (every lane of the warp must call it).
 __device__ __forceinline__ float head_sum8(float v) {
 #pragma unroll
@@ -132,14 +156,25 @@ __device__ __forceinline__ void norm_row8(T* __restrict__ x, const T* __restrict
   constexpr int kGroups = kRowRegs / kVec;
   float vals[kGroups][kVec];
   float sum = 0.f;
+  // Every group's x and delta are read before the first group's residual is stored (a later
+  // group's loads could not move above that store: one wait on memory instead of one a group).
+  Raw8<T> x_raw[kGroups], delta_raw[kGroups];
 #pragma unroll
   for (int g = 0; g < kGroups; ++g) {
     const int c = (threadIdx.x + g * kThreads) * kVec;
     if (c < C) {
-      load8(x + base + c, vals[g]);
+      x_raw[g] = fetch8(static_cast<const T*>(x) + base + c);
+      if (delta != nullptr) delta_raw[g] = fetch8(delta + base + c);
+    }
+  }
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    const int c = (threadIdx.x + g * kThreads) * kVec;
+    if (c < C) {
+      unpack8(x_raw[g], vals[g]);
       if (delta != nullptr) {
         float d[kVec];
-        load8(delta + base + c, d);
+        unpack8(delta_raw[g], d);
         // Round the new residual to the activation dtype first: the norm sees what is stored.
 #pragma unroll
         for (int q = 0; q < kVec; ++q) vals[g][q] = to_float(from_float<T>(vals[g][q] + d[q]));
@@ -196,6 +231,26 @@ __device__ __forceinline__ void mix8(const float (&xv)[kVec], const float (&prev
                                      const int K, T* __restrict__ out, const int64_t rows, const int64_t row, const int C,
                                      const int c) {
   float m[kVec], o[kVec];
+  // Up to kHoisted coefficient vectors are read before the first store (the compiler cannot move
+  // a load above a store that might alias it, so each load would wait after the store before
+  // it): one wait instead of K.
+  constexpr int kHoisted = 6;  // a time-mix block's six mixes
+  if (K <= kHoisted) {
+    Raw8<T> raw[kHoisted];
+#pragma unroll
+    for (int q = 0; q < kHoisted; ++q)
+      if (q < K) raw[q] = fetch8(coef + (int64_t)q * C + c);
+#pragma unroll
+    for (int q = 0; q < kHoisted; ++q) {
+      if (q < K) {
+        unpack8(raw[q], m);
+#pragma unroll
+        for (int j = 0; j < kVec; ++j) o[j] = xv[j] + (prev[j] - xv[j]) * m[j];
+        store8(out + ((int64_t)q * rows + row) * C + c, o);
+      }
+    }
+    return;
+  }
   for (int q = 0; q < K; ++q) {
     load8(coef + (int64_t)q * C + c, m);
 #pragma unroll
@@ -259,11 +314,23 @@ __global__ void __launch_bounds__(kThreads)
     norm_mix_decode_kernel(T* __restrict__ x, const T* __restrict__ delta, const T* __restrict__ weight,
                            const T* __restrict__ bias, T* __restrict__ shift, const int64_t shift_stride,
                            const int* __restrict__ slot_idx, const T* __restrict__ coef, const int K,
-                           T* __restrict__ out, const int64_t rows, const int C, const float eps) {
+                           T* __restrict__ out, const int64_t rows, const int C, const float eps, const bool prefetch) {
   allow_dependents_to_launch();
   __shared__ float scratch[kThreads / 32];
   const int64_t t = blockIdx.x, base = t * C;
   T* saved = shift + (int64_t)slot_idx[t] * shift_stride;
+  // At a few rows, every 128-byte line of the norm's weight and bias, the K mix coefficients and
+  // the slot's shift row is requested into L2 first, so the loads that follow one after another
+  // wait on L2 rather than on DRAM.
+  constexpr int kPerLine = 128 / (kVec * static_cast<int>(sizeof(T)));
+  if (prefetch && threadIdx.x % kPerLine == 0) {
+    for (int c = threadIdx.x * kVec; c < C; c += kThreads * kVec) {
+      prefetch_l2(weight + c);
+      prefetch_l2(bias + c);
+      prefetch_l2(saved + c);
+      for (int q = 0; q < K; ++q) prefetch_l2(coef + (int64_t)q * C + c);
+    }
+  }
   norm_row8(x, delta, weight, bias, C, eps, scratch, base, [&](const int c, const float (&h)[kVec]) {
     float xv[kVec], prev[kVec];
 #pragma unroll
@@ -304,11 +371,30 @@ struct PrepArgs {
 // bit-identical.
 template <typename T>
 __device__ __forceinline__ void prep8(const PrepArgs<T>& p, const bool live) {
+  // Every read first (one round trip to memory instead of four): the op's inputs never alias k or
+  // v (the host check refuses that), so reading them before k and v are stored reads the same values.
+  const bool residual = p.v_lora != nullptr;
+  Raw8<T> k_raw, k_k_raw, a0_raw, a_lora_raw, k_a_raw, v_raw, v0_raw, v_lora_raw, v_first_raw, w0_raw, w_lora_raw;
+  if (live) {
+    k_raw = fetch8(p.k);
+    k_k_raw = fetch8(p.k_k);
+    a0_raw = fetch8(p.a0);
+    a_lora_raw = fetch8(p.a_lora);
+    k_a_raw = fetch8(p.k_a);
+    if (residual) {
+      v_raw = fetch8(static_cast<const T*>(p.v));
+      v0_raw = fetch8(p.v0);
+      v_lora_raw = fetch8(p.v_lora);
+      v_first_raw = fetch8(p.v_first);
+    }
+    w0_raw = fetch8(p.w0);
+    w_lora_raw = fetch8(p.w_lora);
+  }
   float k[kVec], kk[kVec], tmp[kVec];
   float ss = 0.f;
   if (live) {
-    load8(p.k, k);
-    load8(p.k_k, tmp);
+    unpack8(k_raw, k);
+    unpack8(k_k_raw, tmp);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
       kk[j] = k[j] * tmp[j];
@@ -319,29 +405,29 @@ __device__ __forceinline__ void prep8(const PrepArgs<T>& p, const bool live) {
   if (!live) return;  // after the warp's only shuffles
   const float inv = 1.f / fmaxf(norm, 1e-12f);
   float a[kVec], a0[kVec], out[kVec];
-  load8(p.a0, a0);
-  load8(p.a_lora, tmp);
+  unpack8(a0_raw, a0);
+  unpack8(a_lora_raw, tmp);
 #pragma unroll
   for (int j = 0; j < kVec; ++j) {
     a[j] = sigmoidf(a0[j] + tmp[j]);
     kk[j] = kk[j] * inv;
   }
-  load8(p.k_a, tmp);
+  unpack8(k_a_raw, tmp);
 #pragma unroll
   for (int j = 0; j < kVec; ++j) out[j] = k[j] * (1.f + (a[j] - 1.f) * tmp[j]);
   store8(p.k, out);
-  if (p.v_lora != nullptr) {
+  if (residual) {
     float v[kVec], gate[kVec], first[kVec];
-    load8(p.v, v);
-    load8(p.v0, gate);
-    load8(p.v_lora, tmp);
-    load8(p.v_first, first);
+    unpack8(v_raw, v);
+    unpack8(v0_raw, gate);
+    unpack8(v_lora_raw, tmp);
+    unpack8(v_first_raw, first);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) out[j] = v[j] + (first[j] - v[j]) * sigmoidf(gate[j] + tmp[j]);
     store8(p.v, out);
   }
-  load8(p.w0, a0);
-  load8(p.w_lora, tmp);
+  unpack8(w0_raw, a0);
+  unpack8(w_lora_raw, tmp);
 #pragma unroll
   for (int j = 0; j < kVec; ++j) {
     const float z = -(a0[j] + tmp[j]);
@@ -386,16 +472,27 @@ __global__ void __launch_bounds__(kThreads) wkv_prep_kernel(const PrepArgs<T> p)
 template <typename T>
 __device__ __forceinline__ void gn8(const T* y, const T* r, const T* k, const T* v, const T* g, const T* r_k,
                                     const T* weight, const T* bias, T* out, const bool live, const float eps) {
+  Raw8<T> y_raw, r_raw, k_raw, r_k_raw, v_raw, g_raw, weight_raw, bias_raw;  // every read first: one round trip
+  if (live) {
+    y_raw = fetch8(y);
+    r_raw = fetch8(r);
+    k_raw = fetch8(k);
+    r_k_raw = fetch8(r_k);
+    v_raw = fetch8(v);
+    g_raw = fetch8(g);
+    weight_raw = fetch8(weight);
+    bias_raw = fetch8(bias);
+  }
   float yv[kVec], a[kVec], b[kVec];
   float sum = 0.f, rk = 0.f;
   if (live) {
-    load8(y, yv);
-    load8(r, a);
-    load8(k, b);
+    unpack8(y_raw, yv);
+    unpack8(r_raw, a);
+    unpack8(k_raw, b);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) sum += yv[j];
     float w[kVec];
-    load8(r_k, w);
+    unpack8(r_k_raw, w);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) rk += a[j] * b[j] * w[j];
   } else {
@@ -410,10 +507,10 @@ __device__ __forceinline__ void gn8(const T* y, const T* r, const T* k, const T*
   const float bonus = head_sum8(rk);
   if (!live) return;
   float vv[kVec], gv[kVec], res[kVec];
-  load8(v, vv);
-  load8(g, gv);
-  load8(weight, a);
-  load8(bias, b);
+  unpack8(v_raw, vv);
+  unpack8(g_raw, gv);
+  unpack8(weight_raw, a);
+  unpack8(bias_raw, b);
 #pragma unroll
   for (int j = 0; j < kVec; ++j) res[j] = ((yv[j] - mean) * rstd * a[j] + b[j] + bonus * vv[j]) * gv[j];
   store8(out, res);
@@ -672,7 +769,7 @@ Tensor norm_mix_decode_cuda(Tensor x, const OptionalTensor& delta, const Tensor&
         pointer<T>(x), delta.has_value() ? pointer<const T>(*delta) : nullptr, pointer<const T>(weight),
         pointer<const T>(bias), pointer<T>(shift), shift.stride(0), slot_idx.const_data_ptr<int>(),
         pointer<const T>(coefficients), static_cast<int>(K), pointer<T>(out), rows, static_cast<int>(C),
-        static_cast<float>(eps));
+        static_cast<float>(eps), rows <= 8);
     check_launch();
   });
   return out;
@@ -704,6 +801,22 @@ bool check_prep_inputs(const Tensor& k, const Tensor& v, const Tensor& w_lora, c
   for (const Tensor* t : Tensors{&k, &v, &w_lora, &a_lora, &w0, &a0, &k_k, &k_a}) check_aligned(*t, what);
   if (residual)
     for (const Tensor* t : Tensors{&*v_lora, &*v_first, &*v0}) check_aligned(*t, what);
+  // prep8 reads every input before it writes k and v in place: no input may share their memory.
+  const auto bytes = [](const Tensor& t) {
+    const auto* begin = static_cast<const char*>(t.data_ptr());
+    return std::make_pair(begin, begin + t.numel() * static_cast<int64_t>(t.element_size()));
+  };
+  const auto overlap = [&](const Tensor& a, const Tensor& b) {
+    const auto [a0_, a1_] = bytes(a);
+    const auto [b0_, b1_] = bytes(b);
+    return a0_ < b1_ && b0_ < a1_;
+  };
+  ALBATROSS_CHECK(!overlap(k, v), what, ": k and v must not share memory");
+  for (const Tensor* t : Tensors{&w_lora, &a_lora, &w0, &a0, &k_k, &k_a})
+    ALBATROSS_CHECK(!overlap(k, *t) && !overlap(v, *t), what, ": k and v (updated in place) must not share memory with another input");
+  if (residual)
+    for (const Tensor* t : Tensors{&*v_lora, &*v_first, &*v0})
+      ALBATROSS_CHECK(!overlap(k, *t) && !overlap(v, *t), what, ": k and v (updated in place) must not share memory with another input");
   return residual;
 }
 
