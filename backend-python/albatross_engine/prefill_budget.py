@@ -15,11 +15,11 @@ duration, and that duration grows with its prompt tokens (on the H200 at 7.2B, r
 Both share a step's tokens among the waiting prompts, oldest first, each at most
 `max(prefill_chunk, an equal share of what is left)`: many prompts (a burst) in chunks of
 `prefill_chunk`, a few in long chunks. A lone long prompt so goes in one step instead of one
-`prefill_chunk` a step. A step with prompt chunks runs eagerly, and an eager 7.2B forward costs
-~15 ms however few its rows (batch-1 eager decode on the H200: 15.6 ms, against 5.2 from a CUDA
-graph; docs/performance.md), so 32 steps of 128 tokens pay that 32 times. A long chunk without
-prefix-cache checkpoints also takes the chunked WKV kernel: ~0.4 us a token a layer against
-0.7-0.9 for the sequential walk (wkv_dispatch.py).
+`prefill_chunk` a step: on an H100 at 7.2B, a 4,096-token prompt alone took 32 steps of 12.2 ms
+(389 ms) in chunks of 128 and takes one of 146 ms now (924 against 166 ms beside 480 decoding
+streams; docs/performance.md, "Session 14"). A long chunk without prefix-cache checkpoints also
+takes the chunked WKV kernel: ~0.4 us a token a layer against 0.7-0.9 for the sequential walk
+(wkv_dispatch.py).
 """
 
 from __future__ import annotations
