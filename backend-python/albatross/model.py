@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from albatross import linear, loras, norm_mix, ops, wkv_decode
+from albatross import linear, loras, norm_mix, ops, wkv_decode, wkv_dispatch
 from albatross.checkpoint import ModelConfig, fingerprint, read_state_dict, resolve_checkpoint_path, validate_state_dict
 from albatross.dtypes import DTYPES, SUPPORTED_DTYPES, default_dtype_name, dtype_named
 from albatross.quant import DEFAULT_WEIGHT_FORMAT, LARGE_MATRICES, Int8Weight, check_weight_format, quantize
@@ -423,8 +423,7 @@ class StateCaptures:
         rows = []
         start = 0
         for length, slot_cuts in zip(batch.lengths, cuts):
-            if list(slot_cuts) != sorted(set(slot_cuts)) or (slot_cuts and not 1 <= slot_cuts[0] <= slot_cuts[-1] < length):
-                raise ValueError(f"cuts {list(slot_cuts)} must increase within [1, {length})")
+            wkv_dispatch.check_cuts(slot_cuts, length)  # here, before any layer has touched the pool
             rows += [start + cut - 1 for cut in slot_cuts]
             start += length
         config, count = model.config, len(rows)

@@ -136,6 +136,12 @@ def wkv7(
     return run_parts(state, _parts(batch, run, cuts), (r, w, k, v, a, b), chunked, ops.wkv7, captures)
 
 
+def check_cuts(cuts: tuple[int, ...], length: int) -> None:
+    """One slot's cuts: strictly increasing token counts inside its `length` rows (ValueError)."""
+    if list(cuts) != sorted(set(cuts)) or (cuts and not 1 <= cuts[0] <= cuts[-1] < length):
+        raise ValueError(f"cuts {list(cuts)} must increase within [1, {length})")
+
+
 def _policy_length(length: int, cuts: tuple[int, ...]) -> int:
     """What the policy sees of a slot: with cuts, the part after its first cut when the chunked
     kernel could capture the others (each a whole number of chunks past the first), else 1."""
@@ -205,8 +211,7 @@ def split_parts(
         slot_cuts = cuts[slot] if cuts is not None else ()
         if slot_cuts:
             length = batch.lengths[slot]
-            if list(slot_cuts) != sorted(set(slot_cuts)) or slot_cuts[0] < 1 or slot_cuts[-1] >= length:
-                raise ValueError(f"slot {slot}'s cuts {slot_cuts} must increase within [1, {length})")
+            check_cuts(slot_cuts, length)
             pieces = [0, *slot_cuts, length]
             if in_run(slot):  # the first piece, then the rest in one chunked part
                 first = slot_cuts[0]
