@@ -292,8 +292,8 @@ class RWKV7:
         """Advance each `slots[s]` by `tokens[s]` in one batched pass; the slots' states change in
         place. Returns fp32 logits `[len(slots), V]` of each slot's last token, or with
         `full_output` a list of `[len(tokens[s]), V]`. Logits are inference-mode tensors."""
-        slot_list, lengths, flat = self._validate(pool, slots, tokens)
-        batch = ops.FlatBatch.build(slot_list, lengths, self.device)
+        lengths, flat = self._flat_tokens(tokens)
+        batch = self._checked_batch(pool, slots, lengths)
         logits = self.forward_batch(pool, batch, ops.host_to_device(flat, self.device), full_output)
         if not full_output:
             return logits
@@ -307,16 +307,32 @@ class RWKV7:
         `cuts[s][j]` tokens (increasing, within [1, len(tokens[s])) ), as device tensors of the
         pool's dtypes. The prefix cache saves these at its boundaries inside a long chunk, so the
         chunk need not be fed one boundary a step."""
-        slot_list, lengths, flat = self._validate(pool, slots, tokens)
-        if len(cuts) != len(slot_list):
-            raise ValueError(f"got {len(slot_list)} slots but {len(cuts)} lists of cuts")
-        if not any(cuts):
-            logits = self.forward(pool, slot_list, tokens)
-            assert isinstance(logits, torch.Tensor)
-            return logits, [[] for _ in slot_list]
-        batch = ops.FlatBatch.build(slot_list, lengths, self.device)
+        lengths, flat = self._flat_tokens(tokens)
+        return self.forward_ids(pool, slots, lengths, ops.host_to_device(flat, self.device), cuts)
+
+    @torch.inference_mode()
+    def forward_ids(
+        self,
+        pool: StatePool,
+        slots: Sequence[int],
+        lengths: Sequence[int],
+        token_ids: torch.Tensor,
+        cuts: Sequence[Sequence[int]] | None = None,
+    ) -> tuple[torch.Tensor, list[list[SlotState]]]:
+        """`forward_saving` (cuts None or empty: `forward`) from token ids already on the device:
+        `token_ids` (int64) holds slot s's `lengths[s]` tokens after those of the slots before it.
+        Their values are the caller's to have checked (ids a sampler drew, prompts checked at
+        admission): reading them would wait for the device. So a step can be queued while the one
+        before it still runs, its decode rows' ids taken from that step's sampled ids."""
+        batch = self._checked_batch(pool, slots, lengths)
+        if token_ids.dtype != torch.int64 or token_ids.device != self.device or token_ids.shape != (sum(batch.lengths),):
+            raise ValueError(f"token_ids must be int64 [{sum(batch.lengths)}] on {self.device}, got {token_ids.dtype} {tuple(token_ids.shape)} on {token_ids.device}")
+        if cuts is None or not any(cuts):
+            return self.forward_batch(pool, batch, token_ids), [[] for _ in batch.lengths]
+        if len(cuts) != len(batch.lengths):
+            raise ValueError(f"got {len(batch.lengths)} slots but {len(cuts)} lists of cuts")
         saving = StateCaptures.build(self, pool, batch, tuple(tuple(c) for c in cuts))
-        logits = self.forward_batch(pool, batch, ops.host_to_device(flat, self.device), captures=saving)
+        logits = self.forward_batch(pool, batch, token_ids, captures=saving)
         return logits, saving.states()
 
     @torch.inference_mode()
@@ -349,30 +365,34 @@ class RWKV7:
 
     __call__ = forward
 
-    def _validate(
-        self, pool: StatePool, slots: Sequence[int], tokens: Sequence[Sequence[int]]
-    ) -> tuple[list[int], list[int], torch.Tensor]:
+    def _flat_tokens(self, tokens: Sequence[Sequence[int]]) -> tuple[list[int], torch.Tensor]:
+        """Host token lists as one flat int64 tensor, every id checked against the vocabulary."""
+        lengths = [len(t) for t in tokens]
+        flat = torch.tensor([t for seq in tokens for t in seq], dtype=torch.int64)
+        if flat.numel():
+            low, high = int(flat.min()), int(flat.max())
+            if low < 0 or high >= self.config.vocab_size:
+                bad = low if low < 0 else high
+                raise ValueError(f"token id {bad} out of range [0, {self.config.vocab_size})")
+        return lengths, flat
+
+    def _checked_batch(self, pool: StatePool, slots: Sequence[int], lengths: Sequence[int]) -> ops.FlatBatch:
+        """The call's row bookkeeping, after checking the pool, the slots and their token counts."""
         if pool.config != self.config or pool.device != self.device or pool.dtype != self.dtype:
             raise ValueError("the state pool was built for a different model, device or dtype")
         slot_list = list(slots)
         if not slot_list:
             raise ValueError("forward needs at least one slot")
-        if len(tokens) != len(slot_list):
-            raise ValueError(f"got {len(slot_list)} slots but {len(tokens)} token lists")
+        if len(lengths) != len(slot_list):
+            raise ValueError(f"got {len(slot_list)} slots but {len(lengths)} token lists")
         for slot in slot_list:
             pool.check_slot(slot)
         if len(set(slot_list)) != len(slot_list):
             raise ValueError(f"slots must be distinct, got {slot_list}")
-        lengths = [len(t) for t in tokens]
         for slot, n in zip(slot_list, lengths):
-            if n == 0:
+            if n < 1:
                 raise ValueError(f"slot {slot} has an empty token list")
-        flat = torch.tensor([t for seq in tokens for t in seq], dtype=torch.int64)
-        low, high = int(flat.min()), int(flat.max())
-        if low < 0 or high >= self.config.vocab_size:
-            bad = low if low < 0 else high
-            raise ValueError(f"token id {bad} out of range [0, {self.config.vocab_size})")
-        return slot_list, lengths, flat
+        return ops.FlatBatch.build(slot_list, list(lengths), self.device)
 
     def _time_mix(
         self,

@@ -7,8 +7,10 @@ call, and starts an asynchronous copy of just the sampled ids to the host.
 A decode-only step takes its input ids straight from the previous step's ids on the device (a
 CUDA-graph replay when a bucket fits, else the same decode forward eagerly), so issuing it waits
 for nothing: with overlap the device runs step N+1 while the host processes step N. A step with
-prompt chunks goes through `model.forward`, whose inputs are host lists, so it first waits for
-the previous step's ids (the one sync per step; `IssuedStep.token_ids()`).
+prompt chunks runs the model's eager forward (`forward_ids`) from ids built on the device too:
+its prompt chunks copied from the host, its decode rows' ids gathered from the previous step's
+ids. So no step waits for the one before it: the host's one sync per step is where it reads a
+step's ids to process them (`IssuedStep.token_ids()`).
 
 Rows under a grammar (a task with a matcher) sample in a second, smaller sampler call: the mask
 of step N+1 depends on the token of step N, which reaches the host only after step N+1 has been
@@ -193,24 +195,43 @@ class DeviceStep:
         if not plan.prefill_tokens and last is not None and last.ids is not None:
             logits = self._decode_from_device(slots, [row.input_row for row in plan.rows], last.ids)
         else:
-            previous_ids = last.token_ids() if plan.decode_tokens and last is not None else []
-            tokens = [
-                row.task.prompt_tokens[row.start : row.stop] if row.kind is RowKind.PREFILL else [previous_ids[row.input_row]]
-                for row in plan.rows
-            ]
-            if any(row.checkpoints for row in plan.rows):
-                cuts = [tuple(length - row.start for length in row.checkpoints) for row in plan.rows]
-                logits, saved = self.model.forward_saving(self.pool, slots, tokens, cuts)
-                captured = {index: states for index, states in enumerate(saved) if states}
-            else:
-                forwarded = self.model.forward(self.pool, slots, tokens)
-                assert isinstance(forwarded, torch.Tensor)  # not full_output: each slot's last row
-                logits, captured = forwarded, {}
+            cuts = [tuple(length - row.start for length in row.checkpoints) for row in plan.rows]
+            lengths = [row.stop - row.start if row.kind is RowKind.PREFILL else 1 for row in plan.rows]
+            token_ids = self._mixed_token_ids(plan.rows, last)
+            logits, saved = self.model.forward_ids(self.pool, slots, lengths, token_ids, cuts)
+            captured = {index: states for index, states in enumerate(saved) if states}
         issued = IssuedStep(plan, captured=captured)
         if sampling is not None:
             self._sample(logits, sampling, issued)
         self._last = issued
         return issued
+
+    def _mixed_token_ids(self, rows: list[Row], last: IssuedStep | None) -> torch.Tensor:
+        """The flat token ids of a step with prompt chunks, on the device: the chunks from the host
+        (checked at admission), each decode or feed row's id gathered from the previous step's
+        sampled ids where they lie. Nothing waits for the step in flight, so this step is queued
+        while it runs (waiting for its ids on the host left the GPU idle ~25 ms after every mixed
+        step of the 7.2B burst on an H100: docs/performance.md, "Session 14")."""
+        flat: list[int] = []
+        fed_at: list[int] = []  # flat positions of the decode and feed rows
+        fed_from: list[int] = []  # their rows in the previous step's ids
+        for row in rows:
+            if row.kind is RowKind.PREFILL:
+                flat += row.task.prompt_tokens[row.start : row.stop]
+            else:
+                fed_at.append(len(flat))
+                fed_from.append(row.input_row)
+                flat.append(0)  # replaced on the device below
+        token_ids = host_to_device(torch.tensor(flat, dtype=torch.int64), self.device)
+        if fed_at:
+            previous = last.ids if last is not None else None
+            if previous is None:
+                raise RuntimeError("a decode row has no previous step's sampled ids to feed")
+            if max(fed_from) >= previous.shape[0]:
+                raise RuntimeError(f"a decode row feeds sampled id {max(fed_from)} of a step that sampled {previous.shape[0]}")
+            index = host_to_device(torch.tensor([fed_at, fed_from], dtype=torch.int64), self.device)
+            token_ids.index_copy_(0, index[0], previous.index_select(0, index[1]).to(torch.int64))
+        return token_ids
 
     def _decode_from_device(self, slots: list[int], input_rows: list[int], previous: torch.Tensor) -> torch.Tensor:
         index = host_to_device(torch.tensor([slots, input_rows], dtype=torch.int64), self.device)

@@ -12,7 +12,9 @@
 # GPU time per kind of step, the mixed steps' fit, the GPU's idle time between steps), MIXED=1
 # (bench/mixed_step_cost.py: a mixed step's time on a grid of prompt tokens x decode rows, the engine's
 # one-forward step against graph decode + a prefill forward; MIXED_CHUNKS, default "128,256"),
-# RATES (e.g. "4,16": bench/request_rate_benchmark.py against the HTTP server, RATES_DURATION s each).
+# RATES (e.g. "4,16": bench/request_rate_benchmark.py against the HTTP server, RATES_DURATION s each),
+# STRATEGY_EXTRA (appended to the server's strategy, e.g. "itl_target_ms=200"), STRATEGY_EXTRAS (several
+# such, separated by ";": one server and one chat-route load each, JSON api_s<n>.json, after the first).
 set -uo pipefail
 . "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/log.txt"
@@ -49,11 +51,11 @@ if [ "${ENGINE:-1}" = 1 ]; then
   [ "${BATCH1:-1}" = 1 ] && timeout 90 python3 bench/engine_benchmark.py --shape "${SHAPE:-7.2b}" --requests 1 --batch 1 --prompt-min 64 --prompt-max 64 2>&1 | tee -a "$OUT/log.txt" | tail -12
 fi
 
-start_server() {  # $1: sys.setswitchinterval value, or "" for Python's default
+start_server() {  # $1: sys.setswitchinterval value, or "" for Python's default; $2: strategy extra (default STRATEGY_EXTRA)
   local script=main.py device_step=()
   if [ -n "${DEVICE_STEP:-}" ]; then script=bench/bench_server.py device_step=(--device-step "$DEVICE_STEP"); fi
   python3 -c "import sys, runpy; sys.setswitchinterval(float('$1')) if '$1' else None; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')" \
-    "$script" "${device_step[@]}" --model-path "random:${SHAPE:-7.2b}" --strategy "albatross workers=1 batch=960 ${STRATEGY_EXTRA:-}" --port 8123 --max-tokens 4096 >>"$OUT/server.log" 2>&1 &
+    "$script" "${device_step[@]}" --model-path "random:${SHAPE:-7.2b}" --strategy "albatross workers=1 batch=960 ${2:-${STRATEGY_EXTRA:-}}" --port 8123 --max-tokens 4096 >>"$OUT/server.log" 2>&1 &
   server=$!
   for _ in $(seq 1 150); do
     if python3 -c "import httpx,sys; sys.exit(0 if httpx.get('http://127.0.0.1:8123/status').json().get('status') == 3 else 1)" 2>/dev/null; then return; fi
@@ -83,6 +85,15 @@ if [ "${HTTP:-1}" = 1 ]; then
         --duration "${RATES_DURATION:-30}" --json "$OUT/request_rate.json" 2>&1 | tee -a "$OUT/log.txt" | tail -12
   fi
   kill "$server"; wait "$server" 2>/dev/null
+  n=0
+  IFS=';' read -ra extras <<<"${STRATEGY_EXTRAS:-}"
+  for extra in "${extras[@]}"; do
+    n=$((n + 1))
+    echo "== server with strategy extra: $extra" | tee -a "$OUT/log.txt"
+    start_server "" "$extra"
+    api "api_s$n"
+    kill "$server"; wait "$server" 2>/dev/null
+  done
   for interval in ${SWITCH_INTERVALS:-}; do
     echo "== server with sys.setswitchinterval($interval)"
     start_server "$interval"

@@ -92,15 +92,15 @@ def test_a_failed_step_fails_its_tasks_and_the_worker_recovers(engine: Albatross
     worker = engine.core.workers[0]
     model = worker.model
     assert model is not None
-    real_forward = model.forward
+    real_forward = model.forward_ids  # a step with prompt chunks
     poison = 4242
 
-    def forward(pool: object, slots: list[int], tokens: list[list[int]], full_output: bool = False) -> torch.Tensor:
-        if any(poison in row for row in tokens):
+    def forward(pool: object, slots: list[int], lengths: list[int], token_ids: torch.Tensor, cuts: object = None) -> object:
+        if poison in token_ids.tolist():
             raise RuntimeError("kernel failure")
-        return real_forward(pool, slots, tokens)  # type: ignore[arg-type]
+        return real_forward(pool, slots, lengths, token_ids, cuts)  # type: ignore[arg-type]
 
-    model.forward = forward  # type: ignore[method-assign]
+    model.forward_ids = forward  # type: ignore[method-assign]
     try:
         failed = run_all(engine, [GenerationRequest([1, poison], GREEDY)])[0]
         assert isinstance(failed, list) and failed[-1].finish_reason == "error"
@@ -108,7 +108,7 @@ def test_a_failed_step_fails_its_tasks_and_the_worker_recovers(engine: Albatross
         healthy = run_all(engine, [GenerationRequest([1, 2], GREEDY)])[0]
         assert isinstance(healthy, list) and healthy[-1].finish_reason == "length", "the worker recovered"
     finally:
-        del model.forward  # type: ignore[method-assign]
+        del model.forward_ids  # type: ignore[method-assign]
 
 
 def test_when_the_engine_dies_waiting_and_later_requests_get_503_at_once(engine: AlbatrossRWKV) -> None:
@@ -118,7 +118,7 @@ def test_when_the_engine_dies_waiting_and_later_requests_get_503_at_once(engine:
     def lost(*args: object, **kwargs: object) -> None:
         raise RuntimeError("device lost")
 
-    worker.model.forward = lost  # type: ignore[method-assign]
+    worker.model.forward_ids = lost  # type: ignore[method-assign]
     worker.device_step.reset_slots = lost  # type: ignore[method-assign]  # slot resets fail too: the worker dies
     results = run_all(engine, [GenerationRequest([1, 2, 3], GREEDY) for _ in range(8)])  # 4 slots: 4 wait
     for result in results:
