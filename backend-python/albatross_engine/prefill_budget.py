@@ -1,8 +1,8 @@
 """How many prompt tokens a step may carry. Plain Python, no torch, no clock of its own.
 
 A step that carries prompt chunks delays every decoding stream's next token by its whole
-duration, and that duration grows with its prompt tokens (on the H200 at 7.2B, roughly
-18 ms + 26 us per prompt token + 40 us per decode row: docs/performance.md). Two policies:
+duration, and that duration grows with its prompt tokens (on an H100 at 7.2B, roughly
+5 ms + 27 us per prompt token + 40 us per decode row: docs/performance.md). Two policies:
 
 - static (`itl_target_s=None`): `prefill_budget` tokens per step, whatever else the step carries;
 - adaptive: the worker reports how long each step with both decode rows and prompt chunks took
@@ -30,9 +30,11 @@ from dataclasses import dataclass, field
 # thousands, decode rows in hundreds; times in milliseconds.
 _TOKENS_UNIT = 1000.0
 _ROWS_UNIT = 100.0
-# The fit starts from the H200 7.2B figures (ms, ms per 1,000 prompt tokens, ms per 100 decode
-# rows) with a standard deviation of twice each, so the first measurements decide.
-PRIOR_MS = (18.0, 26.0, 4.0)
+# The fit starts from the 7.2B mixed-step grid measured head-on on an H100 (ms, ms per 1,000
+# prompt tokens, ms per 100 decode rows; docs/performance.md, "Session 14": fits from a burst's
+# own steps could not tell the base from the per-token cost), with a standard deviation of
+# twice each, so the first measurements decide.
+PRIOR_MS = (5.2, 26.9, 4.0)
 PRIOR_SPREAD = 2.0
 # Each coefficient may drift by this fraction of itself per step (the random walk of the filter
 # below): a device that slows down or a batch that changes shape is followed within ~10 steps.

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from albatross_engine.prefill_budget import PrefillBudget, StepTimeModel
+from albatross_engine.prefill_budget import PRIOR_MS, PrefillBudget, StepTimeModel
 from albatross_engine.scheduler import RowKind, Scheduler, StepPlan
 from albatross_engine.tasks import EngineTask, SyncChannel
 from runner.interface import SamplingParams
@@ -48,14 +48,16 @@ def test_the_fit_converges_to_the_device_from_a_prior_that_is_far_off() -> None:
     """A device 2.5x slower per step, 2.3x per prompt token and 1.25x per row than the prior, with
     5% noise: after forty steps of varied compositions the coefficients are within 10% of the
     device's."""
-    device = _device(45.0, 60.0, 50.0, noise=0.05, seed=1)
+    prior_base, prior_per_1000_tokens, prior_per_100_rows = PRIOR_MS
+    true = (2.5 * prior_base, 2.3 * prior_per_1000_tokens, 1.25 * prior_per_100_rows * 10)  # ms, us a token, us a row
+    device = _device(*true, noise=0.05, seed=1)
     budget = PrefillBudget(prefill_chunk=128, prefill_budget=16384, itl_target_s=TARGET_S)
     rng = random.Random(2)
     _drive(budget, device, lambda step: rng.randint(50, 900), lambda step: rng.randint(100, 2000), 40)
     base, per_token, per_row = budget.model.coefficients_ms()
-    assert base == pytest.approx(45.0, rel=0.1)
-    assert per_token * 1000 == pytest.approx(60.0, rel=0.1)
-    assert per_row * 1000 == pytest.approx(50.0, rel=0.1)
+    assert base == pytest.approx(true[0], rel=0.1)
+    assert per_token * 1000 == pytest.approx(true[1], rel=0.1)
+    assert per_row * 1000 == pytest.approx(true[2], rel=0.1)
 
 
 @pytest.mark.parametrize("us_per_token", [8.0, 26.0, 120.0], ids=["faster", "h200", "slower"])
