@@ -7,7 +7,7 @@
 # LEVELS, SHAPE, TEST_TIMEOUT, TEST_PATHS, ENGINE_STATE_DTYPES, ENGINE_ARGS (extra engine_benchmark.py flags),
 # ITL_TARGETS (e.g. "0 150": one engine run per adaptive prefill budget target, 0 = the static budget), PYSPY=1 (sample the
 # server's threads during the first HTTP load), SWITCH_INTERVALS (e.g. "0.0005": restart the server
-# with that sys.setswitchinterval and repeat the chat-route load), DEVICE_STEP=profiled (serve through
+# with that sys.setswitchinterval and repeat the chat-route load; PYSPY_DELAY, PYSPY_DURATION, PYSPY_FLAGS e.g. "--native"), DEVICE_STEP=profiled (serve through
 # bench/bench_server.py with CUDA events around every step, and print each HTTP level's step profile:
 # GPU time per kind of step, the mixed steps' fit, the GPU's idle time between steps), MIXED=1
 # (bench/mixed_step_cost.py: a mixed step's time on a grid of prompt tokens x decode rows, the engine's
@@ -73,7 +73,7 @@ api() {  # $1: json name; the rest: extra benchmark flags
 if [ "${HTTP:-1}" = 1 ]; then
   start_server ""
   if [ "${PYSPY:-0}" = 1 ]; then
-    (sleep 8; /tmp/site/bin/py-spy record --pid "$server" --nonblocking --threads --idle --rate 50 --duration 30 \
+    (sleep "${PYSPY_DELAY:-8}"; /tmp/site/bin/py-spy record --pid "$server" --nonblocking --threads --idle --rate 50 --duration "${PYSPY_DURATION:-30}" ${PYSPY_FLAGS:-} \
         --format raw --output "$OUT/pyspy.txt" >>"$OUT/log.txt" 2>&1) &
   fi
   api api

@@ -325,6 +325,33 @@ def test_demotion_to_host_memory_does_not_wait_for_the_device(db_path: Path, ope
 
 @pytest.mark.cuda
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
+def test_a_demotion_copies_beside_the_compute_stream_after_what_came_before(db_path: Path, open_caches: list[StateCache]) -> None:
+    """The copy to host memory waits for the work issued before it on the current stream (here the
+    L1 copy queued behind a sleep), then runs beside the work issued after it: it lands while a
+    long kernel queued after the put still runs. Ordering checks, not timings."""
+    cache = StateCache(db_path, "model-a", device="cuda", l1_bytes=1 * ENTRY_BYTES, l2_bytes=10 * ENTRY_BYTES)
+    open_caches.append(cache)
+    assert cache._slab is not None and cache._slab.wait_ready(30)
+    expected = [random_state(300 + seed) for seed in range(2)]
+    on_gpu = [_on_gpu(state) for state in expected]
+    torch.cuda.synchronize()
+    torch.cuda._sleep(200_000_000)  # the L1 copies of the puts below queue behind this
+    cache.put("prefix:0", on_gpu[0])
+    cache.put("prefix:1", on_gpu[1])  # L1 holds one: prefix:0 goes to L2
+    torch.cuda._sleep(4_000_000_000)  # compute issued after the demotion (~2 s)
+    busy = torch.cuda.Event()
+    busy.record()
+    (entry,) = [entry for key, entry in cache._l2.items() if key == "prefix:0"]
+    assert entry.landed is not None
+    entry.landed.synchronize()
+    assert not busy.query(), "the demotion waited for compute issued after it"
+    assert_same_state(SlotState(*(getattr(entry.state, name).clone() for name in ("att_shift", "ffn_shift", "wkv"))), expected[0], "the demoted copy")
+    torch.cuda.synchronize()
+    assert_same_state(_to_host(cache.get("prefix:0")), expected[0], "prefix:0 through the device")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")
 def test_device_states_reach_disk_intact_through_pinned_copies(db_path: Path, open_caches: list[StateCache]) -> None:
     cache = StateCache(db_path, "model-a", device="cuda", l1_bytes=1 * ENTRY_BYTES, l2_bytes=100 * ENTRY_BYTES)
     open_caches.append(cache)

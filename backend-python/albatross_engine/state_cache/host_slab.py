@@ -76,8 +76,9 @@ class HostSlab:
             return self._free.pop()
 
     def give_back(self, slot: int) -> None:
-        """The slot's entry left L2. Copies into or out of it are ordered on the stream, so the next
-        state copied into it lands after them; the host side must no longer read it."""
+        """The slot's entry left L2. Copies out of it run on the current stream and copies into it
+        on the copy stream after all the current stream's work issued so far (records.copy_into),
+        so the next state copied into it lands after them; the host side must no longer read it."""
         with self._lock:
             self._free.append(slot)
 

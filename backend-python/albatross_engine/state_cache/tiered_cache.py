@@ -396,8 +396,8 @@ class StateCache(Generic[StateT]):
         elif landed is not None:
             landed.synchronize()
         on_device = copy_state(state, self.device)
-        # The copy out of the L2 entry's slot is issued; a later copy into that slot is ordered after
-        # it on the stream, so the slot is free for the demotion this promotion may cause.
+        # The copy out of the L2 entry's slot is issued; a later copy into that slot waits for it
+        # (records.copy_into), so the slot is free for the demotion this promotion may cause.
         if leaving is not None:
             checksum, seq = leaving.checksum, leaving.seq
         self._release(leaving)
