@@ -153,7 +153,7 @@ class AlbatrossRWKV(AbstractRWKV):
         self._core = core
         gc_policy.engine_started()
         logger.info(
-            "Albatross engine initialized: workers=%d, batch_size=%d (worker %ss on %s, overlap %s)",
+            "Albatross engine initialized: workers=%d, batch_size=%d (worker mode %s on %s, overlap %s)",
             self.config.worker_num,
             self.config.batch_size,
             self.worker_mode,
