@@ -25,8 +25,8 @@ WORKER_MODES = ("process", "thread")
 DEFAULT_PREFILL_CHUNK = 128
 DEFAULT_PREFILL_BUDGET = 16384
 # The step time the adaptive prefill budget aims at while streams are decoding; 0: off, the static
-# budget, by default since the H200 run of the 960-request burst measured 150 ms at -15% throughput
-# for ITL p99 470 -> 280 ms (docs/performance.md, "Adaptive prefill budget on the H200").
+# budget, by default: on the 960-client burst 150 ms meets ITL p99 <= 200 ms but costs 3-7% of the
+# throughput on an H100 (docs/performance.md, "Session 15"; 15% on the H200 in session 4).
 DEFAULT_ITL_TARGET_MS = 0.0
 
 _DEVICE_PATTERN = re.compile(r"^(cpu|cuda|cuda:\d+)$")
