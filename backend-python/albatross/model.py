@@ -327,10 +327,10 @@ class RWKV7:
         batch = self._checked_batch(pool, slots, lengths)
         if token_ids.dtype != torch.int64 or token_ids.device != self.device or token_ids.shape != (sum(batch.lengths),):
             raise ValueError(f"token_ids must be int64 [{sum(batch.lengths)}] on {self.device}, got {token_ids.dtype} {tuple(token_ids.shape)} on {token_ids.device}")
+        if cuts is not None and len(cuts) != len(batch.lengths):
+            raise ValueError(f"got {len(batch.lengths)} slots but {len(cuts)} lists of cuts")
         if cuts is None or not any(cuts):
             return self.forward_batch(pool, batch, token_ids), [[] for _ in batch.lengths]
-        if len(cuts) != len(batch.lengths):
-            raise ValueError(f"got {len(batch.lengths)} slots but {len(cuts)} lists of cuts")
         saving = StateCaptures.build(self, pool, batch, tuple(tuple(c) for c in cuts))
         logits = self.forward_batch(pool, batch, token_ids, captures=saving)
         return logits, saving.states()

@@ -70,7 +70,8 @@ class Steps:
             row.sample_row = n
             row.task.sampled += 1
         decode = sum(row.kind is RowKind.DECODE for row in rows)
-        return StepPlan(rows=rows, sample_count=len(rows), decode_tokens=decode, prefill_tokens=sum(r.stop - r.start for r in rows) - 0)
+        prefill = sum(row.stop - row.start for row in rows if row.kind is RowKind.PREFILL)
+        return StepPlan(rows=rows, sample_count=len(rows), decode_tokens=decode, prefill_tokens=prefill)
 
     def _decode_rows(self) -> list[Row]:
         return [Row(task, slot, RowKind.DECODE, input_row=slot) for slot, task in enumerate(self.decoders)]
@@ -81,16 +82,12 @@ class Steps:
         return self.issue(self._plan(rows))
 
     def decode(self) -> IssuedStep:
-        plan = self._plan(self._decode_rows())
-        plan.prefill_tokens = 0
-        return self.issue(plan)
+        return self.issue(self._plan(self._decode_rows()))
 
     def mixed(self) -> IssuedStep:
         first = len(self.decoders)
         prompts = [Row(task, first + n, RowKind.PREFILL, 0, self.chunk) for n, task in enumerate(self.prompts)]
-        plan = self._plan(self._decode_rows() + prompts)
-        plan.prefill_tokens = self.chunk * len(prompts)
-        return self.issue(plan)
+        return self.issue(self._plan(self._decode_rows() + prompts))
 
     def issue(self, plan: StepPlan) -> IssuedStep:
         issued = self.step.issue(plan)

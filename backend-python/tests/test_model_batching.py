@@ -230,3 +230,5 @@ def test_forward_saving_refuses_cuts_outside_a_prompt(model: RWKV7) -> None:
             model.forward_saving(pool, [0], [_tokens(seed=1, count=5)], cuts)
     with pytest.raises(ValueError, match="lists of cuts"):
         model.forward_saving(pool, [0], [_tokens(seed=1, count=5)], [[1], [2]])
+    with pytest.raises(ValueError, match="lists of cuts"):  # even when none of them cuts
+        model.forward_saving(pool, [0], [_tokens(seed=1, count=5)], [[], []])
