@@ -67,6 +67,7 @@ CASES = [
     ([37], 2),
     ([5, 1, 1, 130, 1, 17, 1], 3),
     ([1] * 33 + [64, 3] + [1] * 30, 2),
+    ([128] * 5 + [1] * 9 + [300, 2], 4),  # a serving step's shape: prompt chunks of 128, decode rows, one long chunk
 ]
 
 
@@ -146,6 +147,30 @@ def test_wkv7_decode_kernel_is_bit_identical_to_the_general_kernel(
     tolerance = 1e-5 if act_dtype == state_dtype == torch.float32 else 1e-2
     assert _relative_error(decode, twin) <= tolerance
     assert _relative_error(decode_state, twin_state) <= tolerance
+
+
+@pytest.mark.parametrize("act_dtype, state_dtype", DECODE_DTYPES, ids=lambda d: str(d).split(".")[-1])
+def test_one_token_slots_of_a_mixed_call_equal_the_decode_kernel(act_dtype: torch.dtype, state_dtype: torch.dtype) -> None:
+    """A decode row that rides in a step with prompt chunks gets, to the bit, what a decode-only
+    step gives it: its output and state may not depend on the other slots of the call."""
+    gen = torch.Generator(device="cuda").manual_seed(11)
+    heads, lengths = 3, [1, 40, 1, 1, 129, 1, 2, 1]
+    pool = len(lengths) + 2
+    state = (torch.randn(pool, heads, N, N, generator=gen, device="cuda") * 0.3).to(state_dtype)
+    slot_idx = torch.randperm(pool, generator=gen, device="cuda")[: len(lengths)].to(torch.int32)
+    cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    inputs = _wkv_inputs(lengths, heads, act_dtype, gen)
+    mixed_state = state.clone()
+    mixed = ops.wkv7(mixed_state, slot_idx, cu, *inputs)
+    ones = [s for s, n in enumerate(lengths) if n == 1]
+    rows = cu[:-1][ones].long()
+    decode_state = state.clone()
+    decode_slots = slot_idx[ones].contiguous()
+    decode_cu = torch.arange(len(ones) + 1, dtype=torch.int32, device="cuda")
+    decode = ops.wkv7(decode_state, decode_slots, decode_cu, *[x[rows] for x in inputs], single_token=True)
+    torch.cuda.synchronize()
+    assert torch.equal(mixed[rows], decode)
+    assert torch.equal(mixed_state[decode_slots.long()], decode_state[decode_slots.long()])
 
 
 def test_wkv7_decode_kernel_accepts_strided_rows() -> None:

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# One device call for the prefill floors (issue 16: 1 x 4,096 and 64 x 512): where a prefill call's
+# time goes with the committed kernels, then a variant of the WKV kernel sources ($VARIANT, copied
+# over albatross/cuda/ on the device's copy only, JIT-built) tested and timed under each value of
+# its switch ($SWITCH, e.g. ALBATROSS_WKV_SPLIT, one value the control), one layer
+# (bench_wkv.py) and the 7.2B model (bench_model.py), all in the same process tree and call.
+#   VARIANT=backend-python/bench/variants/wkv_seq_split bash backend-python/bench/prefill_gpu_session.sh
+# (repository root, .whl/ carried.) Knobs: PROFILE=0 (no kernel tables), TESTS=0, TEST_VALUES (the
+# switch values the GPU tests run under; default all of VALUES), VALUES (default "1 2 4"),
+# WKV_CASES (bench_wkv.py prefill shapes), MODEL_VALUES (default VALUES; empty: no model rows),
+# SHAPE (7.2b). Output: $OUT/log.txt and JSON per value.
+set -uo pipefail
+. "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
+root=$(cd .. && pwd)
+export ALBATROSS_KERNEL_CACHE=${ALBATROSS_KERNEL_CACHE:-/tmp/albatross-build-cache}
+log="$OUT/log.txt"
+switch=${SWITCH:-ALBATROSS_WKV_SPLIT}
+values=${VALUES:-1 2 4}
+{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } 2>&1 | tee -a "$log"
+
+model() {  # bench_model's prefill rows (1 x 4,096 and 64 x 512, fp32 state), eager decode at 64 on the side
+  timeout 300 python3 bench/bench_model.py --shape "${SHAPE:-7.2b}" --batches 64 --graph-batches= --fp16-graph-batches= \
+      --steps 2 --skip-accuracy --wkv-chunked on "$@" 2>&1
+}
+
+if [ "${PROFILE:-1}" = 1 ]; then
+  echo "== committed kernels: prefill kernel tables" | tee -a "$log"
+  model --profile-prefill 64x512,1x4096 --json "$OUT/base-model.json" | tee -a "$log" | tail -90
+fi
+
+if [ -n "${VARIANT:-}" ]; then
+  variant="$root/$VARIANT"
+  [ -d "$variant" ] || { echo "no folder $variant" >&2; exit 2; }
+  cp "$variant"/*.cu* albatross/cuda/
+  echo "== variant files: $(cd "$variant" && ls)" | tee -a "$log"
+  timeout 300 python3 -c "
+from albatross import cuda_ops
+print({name: result.how for name, result in cuda_ops.enable_cuda_kernels().items()})" 2>&1 | tee -a "$log"
+  if [ "${TESTS:-1}" = 1 ]; then
+    for value in ${TEST_VALUES:-$values}; do
+      echo "== tests, $switch=$value" | tee -a "$log"
+      env "$switch=$value" timeout 300 python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_cuda_kernels.py \
+          tests/test_wkv_chunked_cuda.py tests/test_model_cuda.py 2>&1 | tail -6 | tee -a "$log"
+    done
+  fi
+  for value in $values; do
+    echo "== one layer, $switch=$value" | tee -a "$log"
+    env "$switch=$value" timeout 300 python3 bench/bench_wkv.py --batches= --prefill "${WKV_CASES:-1x4096,16x2048,64x512,128x128}" \
+        --state-dtypes fp32,fp16 --json "$OUT/wkv-$value.json" 2>&1 | tee -a "$log" | tail -11
+  done
+  for value in ${MODEL_VALUES-$values}; do
+    echo "== model, $switch=$value" | tee -a "$log"
+    env "$switch=$value" model --json "$OUT/model-$value.json" | tee -a "$log" | grep -E "prefill|error|Error" | tail -6
+  done
+fi
