@@ -24,8 +24,9 @@ model() {  # bench_model's prefill rows (1 x 4,096 and 64 x 512, fp32 state), ea
 }
 
 if [ "${PROFILE:-1}" = 1 ]; then
-  echo "== committed kernels: prefill kernel tables" | tee -a "$log"
-  model --profile-prefill 64x512,1x4096 --json "$OUT/base-model.json" | tee -a "$log" | tail -90
+  echo "== committed kernels: prefill kernel tables, and batch-960 graph decode (fp16 state) timed and profiled" | tee -a "$log"
+  timeout 400 python3 bench/bench_model.py --shape "${SHAPE:-7.2b}" --batches 960 --graph-batches= --fp16-graph-batches 960 \
+      --steps 10 --skip-accuracy --profile-prefill 64x512,1x4096 --profile-graph-batches 960 --json "$OUT/base-model.json" 2>&1 | tee -a "$log" | tail -150
 fi
 
 if [ -n "${VARIANT:-}" ]; then
@@ -50,6 +51,6 @@ print({name: result.how for name, result in cuda_ops.enable_cuda_kernels().items
   done
   for value in ${MODEL_VALUES-$values}; do
     echo "== model, $switch=$value" | tee -a "$log"
-    env "$switch=$value" model --json "$OUT/model-$value.json" | tee -a "$log" | grep -E "prefill|error|Error" | tail -6
+    (export "$switch=$value"; model --json "$OUT/model-$value.json") | tee -a "$log" | grep -E "prefill|error|Error" | tail -6
   done
 fi
