@@ -227,13 +227,13 @@ class DeviceStep:
             previous = last.ids if last is not None else None
             if previous is None:
                 raise RuntimeError("a decode row has no previous step's sampled ids to feed")
-            if max(fed_from) >= previous.shape[0]:
-                raise RuntimeError(f"a decode row feeds sampled id {max(fed_from)} of a step that sampled {previous.shape[0]}")
+            _check_fed_rows(fed_from, previous)
             index = host_to_device(torch.tensor([fed_at, fed_from], dtype=torch.int64), self.device)
             token_ids.index_copy_(0, index[0], previous.index_select(0, index[1]).to(torch.int64))
         return token_ids
 
     def _decode_from_device(self, slots: list[int], input_rows: list[int], previous: torch.Tensor) -> torch.Tensor:
+        _check_fed_rows(input_rows, previous)
         index = host_to_device(torch.tensor([slots, input_rows], dtype=torch.int64), self.device)
         token_ids = previous.index_select(0, index[1])
         if self._graphs is not None and len(slots) <= self._largest_bucket:
@@ -411,3 +411,12 @@ def _decode_graph_runner(model: RWKV7, pool: StatePool, batch_size: int) -> Deco
     except Exception:
         logger.exception("CUDA graphs unavailable; decoding eagerly")
         return None
+
+
+def _check_fed_rows(rows: list[int], previous: torch.Tensor) -> None:
+    """Refuse, before anything is queued, a row that would gather outside the previous step's
+    sampled ids: on a GPU an out-of-range gather is a device-side assert, which ends the process's
+    CUDA context and every request on it, not just this step."""
+    if rows and not 0 <= min(rows) <= max(rows) < previous.shape[0]:
+        bad = min(rows) if min(rows) < 0 else max(rows)
+        raise RuntimeError(f"a decode row feeds sampled id {bad} of a step that sampled {previous.shape[0]}")

@@ -87,3 +87,21 @@ def test_a_decode_row_without_previous_ids_fails_the_step_before_anything_runs(m
     for slot in range(2):
         after = step.pool.read(slot)
         assert all(torch.equal(getattr(after, n), getattr(before[slot], n)) for n in ("att_shift", "ffn_shift", "wkv"))
+
+
+@pytest.mark.parametrize("mixed", [False, True], ids=["decode step", "mixed step"])
+def test_a_decode_row_outside_the_previous_ids_fails_the_step_before_anything_runs(model: RWKV7, mixed: bool) -> None:
+    """Either kind of step refuses on the host a row that would gather past the previous step's
+    sampled ids (on a GPU that gather would be a device-side assert, fatal to the process)."""
+    tasks = [task([1, 2, 3], seed=1), task([4, 5], seed=2)]
+    step = DeviceStep(model, batch_size=2, cuda_graphs=False)
+    step.issue(sampling([Row(tasks[0], 0, RowKind.PREFILL, 0, 3)]))  # samples one id
+    before = [step.pool.read(slot) for slot in range(2)]
+    rows = [Row(tasks[0], 0, RowKind.DECODE, input_row=1)]
+    if mixed:
+        rows.append(Row(tasks[1], 1, RowKind.PREFILL, 0, 2))
+    with pytest.raises(RuntimeError, match="feeds sampled id 1 of a step that sampled 1"):
+        step.issue(sampling(rows))
+    for slot in range(2):
+        after = step.pool.read(slot)
+        assert all(torch.equal(getattr(after, n), getattr(before[slot], n)) for n in ("att_shift", "ffn_shift", "wkv"))
