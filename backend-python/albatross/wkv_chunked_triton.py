@@ -44,6 +44,12 @@ import triton.language as tl
 from albatross import ops
 from albatross.wkv_chunked import CHUNK, FACTORS, HEAD, SPAN_LIMIT
 
+# The prepare kernel's warps a program. A program holds one chunk (16 x 64 tiles); with 8 warps
+# most of them idled through its small products and the row-by-row substitution. An H100, one
+# layer of 64 heads, tf32x3 (docs/performance.md, "Session 16"): 1 x 4,096 took 1.64 ms with 8
+# warps, 1.07 with 4, 0.86 with 2 and 1.50 with 1; the final-state error was the same (2.69e-6).
+PREPARE_WARPS = 2
+
 
 @triton.jit
 def _chunk_prepare_kernel(
@@ -261,6 +267,8 @@ def wkv7_chunked_triton(
     key_major: bool = False,
     captures: torch.Tensor | None = None,
     chunk_captures: torch.Tensor | None = None,
+    prepare_warps: int = PREPARE_WARPS,
+    prepare_precision: str | None = None,
 ) -> torch.Tensor:
     """`ops.wkv7` by chunks of `chunk` tokens. `lengths` are the host-side token counts of the
     slots (they size the launch without a device sync); `offsets` the device int32 form of
@@ -268,7 +276,8 @@ def wkv7_chunked_triton(
     `key_major` runs the scan on transposed state rows (the kernel's comment says why; not yet
     timed, so off). `state` is updated in place. `captures` ([n, H, N, N], the state's dtype) with
     `chunk_captures` (device int32, one entry per chunk of the call in `offsets` order: a capture
-    index or -1) also copies a slot's state after those chunks (prefix-cache checkpoints)."""
+    index or -1) also copies a slot's state after those chunks (prefix-cache checkpoints).
+    `prepare_warps` and `prepare_precision` (default: `precision`) are the prepare kernel's."""
     _check(state, slot_idx, cu_seqlens, (r, w, k, v, a, b), lengths, block_values, chunk)
     if (captures is None) != (chunk_captures is None):
         raise ValueError("captures and chunk_captures go together")
@@ -293,7 +302,7 @@ def wkv7_chunked_triton(
     with torch.cuda.device(r.device) if r.is_cuda else contextlib.nullcontext():  # Triton launches on the current device
         _chunk_prepare_kernel[(slots, -(-longest // chunk), H)](
             *inputs, *strides, cu_seqlens, offsets, factors, decay, span, total,
-            H=H, N=HEAD, L=chunk, F=FACTORS, PRECISION=precision, num_warps=8,
+            H=H, N=HEAD, L=chunk, F=FACTORS, PRECISION=prepare_precision or precision, num_warps=prepare_warps,
         )  # fmt: skip
         capture = captures is not None
         _chunk_scan_kernel[(slots, H, HEAD // block_values)](

@@ -36,12 +36,12 @@ class ChunkedPolicy:
     that the sequential kernel's grid fills the GPU and its lower arithmetic wins); the call's
     other slots take the sequential kernel. `enabled=False` always takes the sequential kernel."""
 
-    # Measured on the H200 (docs/performance.md, "Session 7"): the chunked kernel wins for one long
-    # slot (1x1024: 0.46 against 0.98 ms a layer, 1x4096: 1.68 against 3.85), loses for one of 256
-    # tokens (0.26 against 0.17; 512 lies past the ~280-token crossover the two imply) and from
-    # four long slots (4x1024: 1.59 against 1.00), so only one slot's heads may run chunked.
+    # Measured on an H100 with the prepare kernel at 2 warps (docs/performance.md, "Session 16"),
+    # ms a layer, chunked against sequential: 1x512 0.13 / 0.34-0.36, 1x4096 0.86 / 3.78, and
+    # 4x1024 0.77 / 0.97, so up to four long slots' heads run chunked; 16x2048 loses (5.7 / 3.6).
+    # One slot of 256 is a near tie (0.12-0.15 / 0.16-0.17), so the switch stays at 512.
     min_tokens: int = 512
-    max_long_heads: int = 64
+    max_long_heads: int = 256
     enabled: bool = True
 
     def __post_init__(self) -> None:

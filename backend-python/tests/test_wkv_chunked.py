@@ -198,12 +198,14 @@ def test_a_split_call_with_the_triton_kernel_matches_the_whole_sequential_call_i
         assert result["capture_diff"] <= 2e-6 * max(1.0, result["state_scale"]), result
 
 
-def test_the_default_policy_chunks_one_long_slot_only() -> None:
-    """The H200 measurement behind the default: one slot of 256+ tokens wins, four of 1,024 lose."""
+def test_the_default_policy_chunks_up_to_four_long_slots() -> None:
+    """The measurement behind the default: slots of 512+ tokens win up to four of them (7.2B's 64
+    heads), sixteen of 2,048 lose, and one of 200 stays sequential."""
     policy = wkv_dispatch.DEFAULT_POLICY
     assert policy.prefers_chunked((4096,), heads=64)
     assert policy.chunked_run((1, 1, 1024), heads=64) == (2, 3)  # decode rows take the sequential kernel beside it
-    assert not policy.prefers_chunked((1024,) * 4, heads=64)
+    assert policy.prefers_chunked((1024,) * 4, heads=64)
+    assert not policy.prefers_chunked((2048,) * 16, heads=64)
     assert not policy.prefers_chunked((200,), heads=64)
 
 
