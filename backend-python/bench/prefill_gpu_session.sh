@@ -4,7 +4,8 @@
 # over albatross/cuda/ on the device's copy only, JIT-built) tested and timed under each value of
 # its switch ($SWITCH, e.g. ALBATROSS_WKV_SPLIT, one value the control), one layer
 # (bench_wkv.py) and the 7.2B model (bench_model.py), all in the same process tree and call.
-#   VARIANT=backend-python/bench/variants/wkv_seq_split bash backend-python/bench/prefill_gpu_session.sh
+#   VARIANT=backend-python/bench/variants/NAME bash backend-python/bench/prefill_gpu_session.sh
+# (session 16 ran it with the wkv_seq_split variant, in git history at commit b0ba2e4)
 # (repository root, .whl/ carried.) Knobs: PROFILE=0 (no kernel tables), TESTS=0, TEST_VALUES (the
 # switch values the GPU tests run under; default all of VALUES), VALUES (default "1 2 4"),
 # WKV_CASES (bench_wkv.py prefill shapes), MODEL_VALUES (default VALUES; empty: no model rows),

@@ -1,8 +1,8 @@
 """The chunked WKV kernels build for sm90 without a GPU (Triton's compiler, then the wheel's
-ptxas) at the settings the dispatch and the benchmark use: the parallel prepare pass (8 warps,
-chunks of 16) and the scan (32 value rows a program, 4 or 8 warps, either state layout), in both
+ptxas) at the settings the dispatch and the benchmark use: the parallel prepare pass (its
+`PREPARE_WARPS`, chunks of 16) and the scan (32 value rows a program, 4 or 8 warps, either state layout), in both
 product precisions and both state dtypes, within the block's shared memory and with no register
-spills in the default tf32x3 products. Whether they are fast is for bench/bench_wkv_chunked.py
+spills in the scan's default tf32x3 products (the prepare pass: a bound, below). Whether they are fast is for bench/bench_wkv_chunked.py
 on the GPU."""
 
 from __future__ import annotations
@@ -35,11 +35,18 @@ def _scan_signature(state: str) -> dict[str, str]:
             **dict.fromkeys(("H", "N", "L", "BV", "F", "PRECISION", "KEY_MAJOR", "CAPTURE"), "constexpr")}  # fmt: skip
 
 
+# At 2 warps a program (PREPARE_WARPS) the prepare pass holds its 16 x 64 tiles in 255 registers
+# and spills 28 bytes with tf32x3 products, 460 with "ieee"; at 8 warps it spilled none (189
+# registers) but ran 1.9x slower on an H100 (docs/performance.md, "Session 16"). The bounds catch
+# a change that spills much more.
+PREPARE_SPILLS = {"tf32x3": 32, "ieee": 512}
+
+
 @pytest.mark.parametrize("precision", ["tf32x3", "ieee"])
-def test_the_prepare_kernel_builds_without_spills(precision: str) -> None:
+def test_the_prepare_kernel_builds_within_its_spill_bound(precision: str) -> None:
     constexprs = {"H": 64, "N": chunked.HEAD, "L": chunked.CHUNK, "F": chunked.FACTORS, "PRECISION": precision}
-    build = compile_sm90(chunked._chunk_prepare_kernel, _prepare_signature(), constexprs, num_warps=8, num_stages=1)
-    assert build.spill_bytes == 0 and 0 < build.registers <= 255, build
+    build = compile_sm90(chunked._chunk_prepare_kernel, _prepare_signature(), constexprs, num_warps=chunked.PREPARE_WARPS, num_stages=1)
+    assert build.spill_bytes <= PREPARE_SPILLS[precision] and 0 < build.registers <= 255, build
     assert build.shared_bytes <= SM90_SHARED_BYTES, build
 
 
