@@ -9,7 +9,7 @@
 # (repository root, .whl/ carried.) Knobs: PROFILE=0 (no kernel tables), TESTS=0, TEST_VALUES (the
 # switch values the GPU tests run under; default all of VALUES), VALUES (default "1 2 4"),
 # WKV_CASES (bench_wkv.py prefill shapes), MODEL_VALUES (default VALUES; empty: no model rows),
-# SHAPE (7.2b). Output: $OUT/log.txt and JSON per value.
+# IDENTITY=1 (outputs and states under every value compared bit for bit), SHAPE (7.2b). Output: $OUT/log.txt and JSON per value.
 set -uo pipefail
 . "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
 root=$(cd .. && pwd)
@@ -44,6 +44,31 @@ print({name: result.how for name, result in cuda_ops.enable_cuda_kernels().items
       env "$switch=$value" timeout 300 python3 -m pytest -q -p no:cacheprovider -n 8 tests/test_cuda_kernels.py \
           tests/test_wkv_chunked_cuda.py tests/test_model_cuda.py 2>&1 | tail -6 | tee -a "$log"
     done
+  fi
+  if [ "${IDENTITY:-0}" = 1 ]; then  # a variant meant to be bit-identical: the same call's outputs under every value
+    for value in $values; do
+      env "$switch=$value" timeout 120 python3 -c "
+import sys, torch; sys.path.insert(0, 'bench')
+from albatross import cuda_ops, ops
+from bench_wkv import _inputs
+cuda_ops.enable_cuda_kernels()
+out = {}
+for lengths in ([512] * 8, [128] * 5 + [1] * 9 + [300, 2], [4096]):
+    for state_dtype in (torch.float32, torch.float16):
+        gen = torch.Generator(device='cuda').manual_seed(sum(lengths))
+        state = (torch.randn(len(lengths), 64, 64, 64, generator=gen, device='cuda') * 0.1).to(state_dtype)
+        cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device='cuda')
+        slots = torch.randperm(len(lengths), generator=gen, device='cuda').to(torch.int32)
+        y = ops.wkv7(state, slots, cu, *_inputs(sum(lengths), 64, torch.float16, gen))
+        out[f'{len(lengths)}x{max(lengths)} {state_dtype}'] = (y.cpu(), state.cpu())
+torch.save(out, '/tmp/identity-$value.pt')" 2>&1 | tail -3 | tee -a "$log"
+    done
+    python3 -c "
+import sys, torch
+runs = [torch.load(f'/tmp/identity-{v}.pt') for v in sys.argv[1:]]
+for key in runs[0]:
+    same = all(torch.equal(a, b) for run in runs[1:] for a, b in zip(runs[0][key], run[key]))
+    print(f'bit-identical across $switch={sys.argv[1:]}: {key}: {same}')" $values 2>&1 | tee -a "$log"
   fi
   for value in $values; do
     echo "== one layer, $switch=$value" | tee -a "$log"
