@@ -57,6 +57,7 @@ def _chunk_prepare_kernel(
     stride_r, stride_w, stride_k, stride_v, stride_a, stride_b,
     cu_ptr, chunk_offsets_ptr, factors_ptr, decay_ptr, span_ptr, total,
     H: tl.constexpr, N: tl.constexpr, L: tl.constexpr, F: tl.constexpr, PRECISION: tl.constexpr,
+    SQUARING: tl.constexpr, LOG2_L: tl.constexpr,
 ):  # fmt: skip
     s, j, h = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     t0 = tl.load(cu_ptr + s)
@@ -86,12 +87,21 @@ def _chunk_prepare_kernel(
         strict = t_idx[:, None] > t_idx[None, :]
         lower = t_idx[:, None] >= t_idx[None, :]
         M = tl.where(strict, tl.dot(Ra, tl.trans(Bi), input_precision=PRECISION), 0.0)
-        # Forward substitution, row by row: T[t] = e_t + M[t, :t] @ T[:t] (T starts as I).
-        T = tl.where(t_idx[:, None] == t_idx[None, :], 1.0, 0.0)
-        for t in tl.static_range(1, L):
-            m_row = tl.sum(tl.where(t_idx[:, None] == t, M, 0.0), axis=0)  # M[t, :], zero from t on
-            new_row = tl.sum(m_row[:, None] * T, axis=0)
-            T = tl.where(t_idx[:, None] == t, T + new_row[None, :], T)
+        if SQUARING:
+            # M is strictly lower triangular, so M^L = 0 and (I - M)^-1 = (I + M)(I + M^2)(I + M^4)...
+            # up to M^(L/2): log2(L) - 1 pairs of L x L products instead of L - 1 dependent rows.
+            T = tl.where(t_idx[:, None] == t_idx[None, :], 1.0, 0.0) + M
+            P = M
+            for _ in tl.static_range(1, LOG2_L):
+                P = tl.dot(P, P, input_precision=PRECISION)
+                T = T + tl.dot(T, P, input_precision=PRECISION)
+        else:
+            # Forward substitution, row by row: T[t] = e_t + M[t, :t] @ T[:t] (T starts as I).
+            T = tl.where(t_idx[:, None] == t_idx[None, :], 1.0, 0.0)
+            for t in tl.static_range(1, L):
+                m_row = tl.sum(tl.where(t_idx[:, None] == t, M, 0.0), axis=0)  # M[t, :], zero from t on
+                new_row = tl.sum(m_row[:, None] * T, axis=0)
+                T = tl.where(t_idx[:, None] == t, T + new_row[None, :], T)
         M_ak = tl.where(strict, tl.dot(Ra, tl.trans(Ki), input_precision=PRECISION), 0.0)
         M_rb = tl.where(lower, tl.dot(Rr, tl.trans(Bi), input_precision=PRECISION), 0.0)
         M_rk = tl.where(lower, tl.dot(Rr, tl.trans(Ki), input_precision=PRECISION), 0.0)
@@ -269,6 +279,7 @@ def wkv7_chunked_triton(
     chunk_captures: torch.Tensor | None = None,
     prepare_warps: int = PREPARE_WARPS,
     prepare_precision: str | None = None,
+    prepare_inverse: str = "substitution",
 ) -> torch.Tensor:
     """`ops.wkv7` by chunks of `chunk` tokens. `lengths` are the host-side token counts of the
     slots (they size the launch without a device sync); `offsets` the device int32 form of
@@ -277,7 +288,11 @@ def wkv7_chunked_triton(
     timed, so off). `state` is updated in place. `captures` ([n, H, N, N], the state's dtype) with
     `chunk_captures` (device int32, one entry per chunk of the call in `offsets` order: a capture
     index or -1) also copies a slot's state after those chunks (prefix-cache checkpoints).
-    `prepare_warps` and `prepare_precision` (default: `precision`) are the prepare kernel's."""
+    `prepare_warps` and `prepare_precision` (default: `precision`) are the prepare kernel's, and
+    `prepare_inverse` how it inverts a chunk's `I - M`: "substitution" (row by row, the twin's
+    order) or "squaring" (products of `I + M^(2^k)`; not yet timed on a GPU, so not the default)."""
+    if prepare_inverse not in ("substitution", "squaring"):
+        raise ValueError(f"prepare_inverse must be substitution or squaring, got {prepare_inverse!r}")
     _check(state, slot_idx, cu_seqlens, (r, w, k, v, a, b), lengths, block_values, chunk)
     if (captures is None) != (chunk_captures is None):
         raise ValueError("captures and chunk_captures go together")
@@ -302,7 +317,8 @@ def wkv7_chunked_triton(
     with torch.cuda.device(r.device) if r.is_cuda else contextlib.nullcontext():  # Triton launches on the current device
         _chunk_prepare_kernel[(slots, -(-longest // chunk), H)](
             *inputs, *strides, cu_seqlens, offsets, factors, decay, span, total,
-            H=H, N=HEAD, L=chunk, F=FACTORS, PRECISION=prepare_precision or precision, num_warps=prepare_warps,
+            H=H, N=HEAD, L=chunk, F=FACTORS, PRECISION=prepare_precision or precision,
+            SQUARING=prepare_inverse == "squaring", LOG2_L=chunk.bit_length() - 1, num_warps=prepare_warps,
         )  # fmt: skip
         capture = captures is not None
         _chunk_scan_kernel[(slots, H, HEAD // block_values)](

@@ -7,7 +7,7 @@ the measurements imply for `albatross.wkv_dispatch.ChunkedPolicy`.
 
 Variants: `--chunks` tokens a chunk (16/32/64), `--blocks` value rows per program (16/32/64),
 `--precisions` of the products ("ieee": fp32 FMA; "tf32x3": three tf32 tensor-core products,
-about fp32 accuracy), `--prepare` warps and precision of the prepare kernel, `--warps` per scan program and `--layouts` of the scan's state rows
+about fp32 accuracy), `--prepare` warps, precision and inverse of the prepare kernel, `--warps` per scan program and `--layouts` of the scan's state rows
 (`key`: transposed, `wkv7_chunked_triton(key_major=True)`). `--baseline FILE` also times another
 version of `albatross/wkv_chunked_triton.py` (a copy of an earlier commit's, say) at its own
 defaults, for an A/B in the same run; the implied policy ignores it.
@@ -56,8 +56,8 @@ class Accuracy:
 
 
 def _kernels(chunks: list[int], blocks: list[int], precisions: list[str], warps: list[int], layouts: list[str], baseline: Path | None,
-             prepares: list[tuple[int, str]] | None = None):
-    from albatross.wkv_chunked_triton import wkv7_chunked_triton
+             prepares: list[tuple[int, str, str]] | None = None):
+    from albatross.wkv_chunked_triton import PREPARE_WARPS, wkv7_chunked_triton
 
     def sequential(state, inputs, lengths):
         return ops.wkv7(state, inputs.slot_idx, inputs.cu_seqlens, inputs.r, inputs.w, inputs.k, inputs.v, inputs.a, inputs.b)
@@ -80,15 +80,22 @@ def _kernels(chunks: list[int], blocks: list[int], precisions: list[str], warps:
             for num_warps in warps:
                 for block in blocks:
                     for layout in layouts:
-                        for prepare_warps, prepare_precision in prepares or [(8, "")]:
+                        for prepare_warps, prepare_precision, inverse in prepares or [(PREPARE_WARPS, "", "substitution")]:
                             name = f"chunked L={chunk} bv={block} w{num_warps} {precision}" + (" keys" if layout == "key" else "")
                             if prepares:
-                                name += f" prep w{prepare_warps} {prepare_precision or precision}"
+                                name += f" prep w{prepare_warps} {prepare_precision or precision}" + (" sq" if inverse == "squaring" else "")
                             variants[name] = functools.partial(
                                 chunked, chunk=chunk, block_values=block, precision=precision, num_warps=num_warps, key_major=layout == "key",
-                                prepare_warps=prepare_warps, prepare_precision=prepare_precision or None,
+                                prepare_warps=prepare_warps, prepare_precision=prepare_precision or None, prepare_inverse=inverse,
                             )  # fmt: skip
     return variants
+
+
+def _prepare_spec(spec: str) -> tuple[int, str, str]:
+    """WARPS:PRECISION[:INVERSE] -> (warps, precision or "" for the scan's, inverse)."""
+    warps, _, rest = spec.partition(":")
+    precision, _, inverse = rest.partition(":")
+    return int(warps), precision, inverse or "substitution"
 
 
 def recommend(timings: list[Timing], heads: int) -> ChunkedPolicy:
@@ -119,8 +126,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--precisions", default="ieee,tf32x3")
     parser.add_argument("--warps", default="4,8", help="num_warps of the scan kernel")
     parser.add_argument("--layouts", default="value,key", help="the scan's state rows: value (the state's layout) and/or key (transposed)")
-    parser.add_argument("--prepare", default="", help="prepare-kernel variants WARPS:PRECISION, e.g. 4:tf32x3,4:ieee (PRECISION "
-                        "empty: the scan's); default: the kernel's own (8 warps, the scan's precision)")
+    parser.add_argument("--prepare", default="", help="prepare-kernel variants WARPS:PRECISION[:INVERSE], e.g. 2:,2::squaring,4:ieee "
+                        "(PRECISION empty: the scan's; INVERSE substitution or squaring); default: the kernel's own")
     parser.add_argument("--baseline", type=Path, help="another wkv_chunked_triton.py to time beside, at its defaults")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--json", type=Path)
@@ -133,7 +140,7 @@ def main(argv: list[str] | None = None) -> None:
         [int(w) for w in args.warps.split(",")],
         args.layouts.split(","),
         args.baseline,
-        [(int(spec.split(":")[0]), spec.partition(":")[2]) for spec in args.prepare.split(",") if spec],
+        [_prepare_spec(spec) for spec in args.prepare.split(",") if spec],
     )
     timings: list[Timing] = []
     accuracy: list[Accuracy] = []

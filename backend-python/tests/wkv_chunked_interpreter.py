@@ -26,7 +26,7 @@ from albatross.wkv_chunked_triton import wkv7_chunked_triton
 DTYPES = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 
 # (name, lengths, heads, activations, state, value block, log-decay scale or None, strided rows,
-# chunk length, key-major scan)
+# chunk length, key-major scan, the prepare pass's inverse)
 CASES = [
     ("one token", [1], 1, "fp32", "fp32", 16, None, False, 16),
     ("one chunk exactly", [16], 2, "fp32", "fp32", 32, None, False, 16),
@@ -44,11 +44,17 @@ CASES = [
     ("key-major: bf16 state, strided rows", [40, 9], 1, "bf16", "bf16", 32, None, True, 16, True),
     ("key-major: decays outside the model's range", [40, 3], 1, "fp32", "fp32", 64, 3.0, False, 16, True),
     ("key-major: chunks of 32, fp16 state", [70, 2], 1, "fp16", "fp16", 16, None, False, 32, True),
+    # the prepare pass inverting I - M by squaring instead of row by row
+    ("squaring: mixed slots, an empty one", [5, 1, 130, 0, 17], 2, "fp32", "fp32", 16, None, False, 16, False, "squaring"),
+    ("squaring: decays outside the model's range", [40, 3], 1, "fp32", "fp32", 64, 3.0, False, 16, False, "squaring"),
+    ("squaring: chunks of 32", [70, 0, 5, 32], 2, "fp32", "fp32", 16, None, False, 32, False, "squaring"),
+    ("squaring: chunks of 64, fp16 state", [130, 1], 1, "fp16", "fp16", 32, None, True, 64, False, "squaring"),
 ]
 
 
 def run_case(
-    name: str, lengths: list[int], heads: int, act: str, state_dtype: str, block: int, scale: float | None, strided: bool, chunk: int, key_major: bool = False
+    name: str, lengths: list[int], heads: int, act: str, state_dtype: str, block: int, scale: float | None, strided: bool, chunk: int,
+    key_major: bool = False, inverse: str = "substitution",
 ) -> dict:
     gen = torch.Generator().manual_seed(len(name))
     inputs = wkv_inputs(lengths, heads, DTYPES[act], gen, log_decay_scale=scale)
@@ -60,7 +66,8 @@ def run_case(
     twin_state = state.clone()
     twin_y = wkv7_chunked_torch(twin_state, slot_idx, cu, *inputs, chunk=chunk)
     kernel_state = state.clone()
-    kernel_y = wkv7_chunked_triton(kernel_state, slot_idx, cu, *inputs, lengths=lengths, block_values=block, chunk=chunk, key_major=key_major)
+    kernel_y = wkv7_chunked_triton(kernel_state, slot_idx, cu, *inputs, lengths=lengths, block_values=block, chunk=chunk, key_major=key_major,
+                                   prepare_inverse=inverse)
     untouched = [s for s in range(pool) if s not in slot_idx.tolist()]
     return {
         "case": name,
