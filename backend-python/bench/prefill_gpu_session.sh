@@ -9,7 +9,7 @@
 # (repository root, .whl/ carried.) Knobs: PROFILE=0 (no kernel tables), TESTS=0, TEST_VALUES (the
 # switch values the GPU tests run under; default all of VALUES), VALUES (default "1 2 4"),
 # WKV_CASES (bench_wkv.py prefill shapes), MODEL_VALUES (default VALUES; empty: no model rows),
-# IDENTITY=1 (outputs and states under every value compared bit for bit), SHAPE (7.2b). Output: $OUT/log.txt and JSON per value.
+# CHUNKED_ARGS (bench_wkv_chunked.py flags: its sweep runs after the tables), IDENTITY=1 (outputs and states under every value compared bit for bit), SHAPE (7.2b). Output: $OUT/log.txt and JSON per value.
 set -uo pipefail
 . "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
 root=$(cd .. && pwd)
@@ -28,6 +28,11 @@ if [ "${PROFILE:-1}" = 1 ]; then
   echo "== committed kernels: prefill kernel tables, and batch-960 graph decode (fp16 state) timed and profiled" | tee -a "$log"
   timeout 400 python3 bench/bench_model.py --shape "${SHAPE:-7.2b}" --batches 960 --graph-batches= --fp16-graph-batches 960 \
       --steps 10 --skip-accuracy --profile-prefill 64x512,1x4096 --profile-graph-batches 960 --json "$OUT/base-model.json" 2>&1 | tee -a "$log" | tail -150
+fi
+
+if [ -n "${CHUNKED_ARGS:-}" ]; then  # the chunked Triton kernel's sweeps (bench_wkv_chunked.py), before any variant is copied
+  echo "== chunked WKV: bench_wkv_chunked.py $CHUNKED_ARGS" | tee -a "$log"
+  timeout 300 python3 bench/bench_wkv_chunked.py $CHUNKED_ARGS --json "$OUT/chunked.json" 2>&1 | grep -v "^{" | tee -a "$log" | tail -60
 fi
 
 if [ -n "${VARIANT:-}" ]; then
