@@ -22,114 +22,8 @@ struct WkvInputs {
   int64_t stride[6];    // row strides (elements)
 };
 
-template <typename state_t>
-__device__ __forceinline__ void load_tile(const state_t* __restrict__ src, float (*tile)[N + 1]) {
-  constexpr int VEC = 16 / sizeof(state_t);
-  const uint4* vsrc = reinterpret_cast<const uint4*>(src);
-#pragma unroll 4
-  for (int c = threadIdx.x; c < N * N / VEC; c += N) {
-    uint4 raw = __ldcs(vsrc + c);  // streamed: each slot's state is touched once per launch
-    const state_t* vals = reinterpret_cast<const state_t*>(&raw);
-    const int row = (c * VEC) / N, col = (c * VEC) % N;
-#pragma unroll
-    for (int q = 0; q < VEC; ++q) tile[row][col + q] = to_float(vals[q]);
-  }
-}
-
-template <typename state_t>
-__device__ __forceinline__ void store_tile(state_t* __restrict__ dst, float (*tile)[N + 1]) {
-  constexpr int VEC = 16 / sizeof(state_t);
-  uint4* vdst = reinterpret_cast<uint4*>(dst);
-#pragma unroll 4
-  for (int c = threadIdx.x; c < N * N / VEC; c += N) {
-    uint4 raw;
-    state_t* vals = reinterpret_cast<state_t*>(&raw);
-    const int row = (c * VEC) / N, col = (c * VEC) % N;
-#pragma unroll
-    for (int q = 0; q < VEC; ++q) vals[q] = from_float<state_t>(tile[row][col + q]);
-    __stcs(vdst + c, raw);
-  }
-}
-
-template <typename act_t, typename state_t>
-__global__ void __launch_bounds__(N) wkv7_kernel(state_t* __restrict__ state, const int* __restrict__ slot_idx,
-                                                 const int* __restrict__ cu_seqlens, const WkvInputs<act_t> in,
-                                                 act_t* __restrict__ y, const int64_t y_stride, const int H) {
-  const int s = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
-  const int t0 = cu_seqlens[s], t1 = cu_seqlens[s + 1];
-  if (t1 <= t0) return;
-  state_t* S = state + ((int64_t)slot_idx[s] * H + h) * (N * N);
-
-  __shared__ float tile[N][N + 1];                 // +1: row reads by different threads hit different banks
-  __shared__ __align__(16) float vec[2][5][N];     // per token: r, decay, k, a, b (double-buffered)
-
-  load_tile(S, tile);
-  __syncthreads();
-  float st[N];
-#pragma unroll
-  for (int j = 0; j < N; ++j) st[j] = tile[i][j];
-
-  const int col = h * N + i;
-  auto fetch = [&](int t, float* out) {
-#pragma unroll
-    for (int q = 0; q < 6; ++q) out[q] = to_float(in.ptr[q][(int64_t)t * in.stride[q] + col]);
-  };
-  float next[6];
-  fetch(t0, next);
-  int buf = 0;
-  for (int t = t0; t < t1; ++t) {
-    vec[buf][0][i] = next[0];
-    vec[buf][1][i] = expf(-expf(next[1]));
-    vec[buf][2][i] = next[2];
-    vec[buf][3][i] = next[4];
-    vec[buf][4][i] = next[5];
-    const float vi = next[3];
-    if (t + 1 < t1) fetch(t + 1, next);  // in flight while this token computes
-    __syncthreads();
-
-    const float4* R = reinterpret_cast<const float4*>(vec[buf][0]);
-    const float4* D = reinterpret_cast<const float4*>(vec[buf][1]);
-    const float4* K = reinterpret_cast<const float4*>(vec[buf][2]);
-    const float4* A = reinterpret_cast<const float4*>(vec[buf][3]);
-    const float4* B = reinterpret_cast<const float4*>(vec[buf][4]);
-    float sa[4] = {0.f, 0.f, 0.f, 0.f};  // four partial sums: shorter dependency chains
-#pragma unroll
-    for (int j = 0; j < N / 4; ++j) {
-      const float4 av = A[j];
-      sa[0] = fmaf(st[4 * j + 0], av.x, sa[0]);
-      sa[1] = fmaf(st[4 * j + 1], av.y, sa[1]);
-      sa[2] = fmaf(st[4 * j + 2], av.z, sa[2]);
-      sa[3] = fmaf(st[4 * j + 3], av.w, sa[3]);
-    }
-    const float sav = (sa[0] + sa[1]) + (sa[2] + sa[3]);
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int j = 0; j < N / 4; ++j) {
-      const float4 dv = D[j], bv = B[j], kv = K[j], rv = R[j];
-      st[4 * j + 0] = update(st[4 * j + 0], dv.x, sav, bv.x, vi, kv.x);
-      st[4 * j + 1] = update(st[4 * j + 1], dv.y, sav, bv.y, vi, kv.y);
-      st[4 * j + 2] = update(st[4 * j + 2], dv.z, sav, bv.z, vi, kv.z);
-      st[4 * j + 3] = update(st[4 * j + 3], dv.w, sav, bv.w, vi, kv.w);
-      acc[0] = fmaf(st[4 * j + 0], rv.x, acc[0]);
-      acc[1] = fmaf(st[4 * j + 1], rv.y, acc[1]);
-      acc[2] = fmaf(st[4 * j + 2], rv.z, acc[2]);
-      acc[3] = fmaf(st[4 * j + 3], rv.w, acc[3]);
-    }
-    y[(int64_t)t * y_stride + col] = from_float<act_t>((acc[0] + acc[1]) + (acc[2] + acc[3]));
-    buf ^= 1;
-  }
-
-#pragma unroll
-  for (int j = 0; j < N; ++j) tile[i][j] = st[j];  // own row only: no barrier needed before
-  __syncthreads();
-  store_tile(S, tile);
-}
-
-// The same recurrence with ROWS state rows a thread (ROWS = 2: one warp a (slot, head)). Every
-// thread of wkv7_kernel reads the token's five 64-wide vectors from shared memory, 80 16-byte
-// loads a warp a token for 32 rows; holding two rows a thread serves 64 rows with the same loads,
-// halving the shared-memory traffic a row, with two independent rows of FMAs a thread. Each row's
-// arithmetic is wkv7_kernel's in the same order, so results are bit-identical to it.
+// The state tile through shared memory by THREADS threads: 16-byte coalesced, streamed (each
+// slot's state is touched once per launch).
 template <typename state_t, int THREADS>
 __device__ __forceinline__ void load_tile_by(const state_t* __restrict__ src, float (*tile)[N + 1]) {
   constexpr int VEC = 16 / sizeof(state_t);
@@ -159,6 +53,13 @@ __device__ __forceinline__ void store_tile_by(state_t* __restrict__ dst, float (
   }
 }
 
+// ROWS state rows a thread, N / ROWS threads a (slot, head); ROWS = 1 is the committed wkv7_kernel
+// (one block per (slot, head), one thread per row, the row in registers for the whole chunk, one
+// barrier a token with the per-token vectors double-buffered in shared memory). Every warp reads
+// the token's five 64-wide vectors from shared memory, 80 16-byte loads a token; with ROWS = 2 (one
+// warp a (slot, head)) those loads serve 64 rows instead of 32, halving the shared-memory traffic
+// a row, with two independent rows of FMAs a thread. Each row's arithmetic is the same in the same
+// order, so results are bit-identical across ROWS.
 template <typename act_t, typename state_t, int ROWS>
 __global__ void __launch_bounds__(N / ROWS) wkv7_rows_kernel(state_t* __restrict__ state, const int* __restrict__ slot_idx,
                                                             const int* __restrict__ cu_seqlens, const WkvInputs<act_t> in,
@@ -258,7 +159,7 @@ __global__ void __launch_bounds__(N / ROWS) wkv7_rows_kernel(state_t* __restrict
   store_tile_by<state_t, T>(S, tile);
 }
 
-// ALBATROSS_WKV_ROWS picks the prefill kernel: 1 wkv7_kernel, 2 wkv7_rows_kernel (the default here).
+// ALBATROSS_WKV_ROWS picks ROWS for calls with prompt chunks: 1 (the committed kernel's layout) or 2 (the default here).
 int wkv_rows() {
   static const int rows = [] {
     const char* value = std::getenv("ALBATROSS_WKV_ROWS");
@@ -268,7 +169,7 @@ int wkv_rows() {
 }
 
 // Decode: one token per slot (row s of the inputs belongs to slot_idx[s]), the pieces of
-// wkv_decode.cuh. Same arithmetic, in the same order, as wkv7_kernel.
+// wkv_decode.cuh. Same arithmetic, in the same order, as wkv7_rows_kernel.
 template <typename act_t, typename state_t>
 __global__ void __launch_bounds__(N, 16) wkv7_decode_kernel(state_t* __restrict__ state, const int* __restrict__ slot_idx,
                                                         const WkvInputs<act_t> in, act_t* __restrict__ y,
@@ -332,8 +233,8 @@ Tensor wkv7_cuda(Tensor state, const Tensor& slot_idx, const Tensor& cu_seqlens,
           wkv7_rows_kernel<act_t, state_t, 2><<<grid, N / 2, 0, stream>>>(state_ptr, slots, cu, in, y_ptr, y.stride(0),
                                                                            static_cast<int>(H));
         } else {
-          wkv7_kernel<act_t, state_t><<<grid, N, 0, stream>>>(state_ptr, slots, cu, in, y_ptr, y.stride(0),
-                                                              static_cast<int>(H));
+          wkv7_rows_kernel<act_t, state_t, 1><<<grid, N, 0, stream>>>(state_ptr, slots, cu, in, y_ptr, y.stride(0),
+                                                                       static_cast<int>(H));
         }
       }
       check_launch();
