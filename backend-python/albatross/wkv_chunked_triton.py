@@ -87,17 +87,17 @@ def _chunk_prepare_kernel(
         strict = t_idx[:, None] > t_idx[None, :]
         lower = t_idx[:, None] >= t_idx[None, :]
         M = tl.where(strict, tl.dot(Ra, tl.trans(Bi), input_precision=PRECISION), 0.0)
+        T = tl.where(t_idx[:, None] == t_idx[None, :], 1.0, 0.0)  # I
         if SQUARING:
             # M is strictly lower triangular, so M^L = 0 and (I - M)^-1 = (I + M)(I + M^2)(I + M^4)...
             # up to M^(L/2): log2(L) - 1 pairs of L x L products instead of L - 1 dependent rows.
-            T = tl.where(t_idx[:, None] == t_idx[None, :], 1.0, 0.0) + M
+            T = T + M
             P = M
             for _ in tl.static_range(1, LOG2_L):
                 P = tl.dot(P, P, input_precision=PRECISION)
                 T = T + tl.dot(T, P, input_precision=PRECISION)
         else:
             # Forward substitution, row by row: T[t] = e_t + M[t, :t] @ T[:t] (T starts as I).
-            T = tl.where(t_idx[:, None] == t_idx[None, :], 1.0, 0.0)
             for t in tl.static_range(1, L):
                 m_row = tl.sum(tl.where(t_idx[:, None] == t, M, 0.0), axis=0)  # M[t, :], zero from t on
                 new_row = tl.sum(m_row[:, None] * T, axis=0)

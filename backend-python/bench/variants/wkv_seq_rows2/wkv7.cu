@@ -70,8 +70,8 @@ __global__ void __launch_bounds__(N / ROWS) wkv7_rows_kernel(state_t* __restrict
   if (t1 <= t0) return;
   state_t* S = state + ((int64_t)slot_idx[s] * H + h) * (N * N);
 
-  __shared__ float tile[N][N + 1];
-  __shared__ __align__(16) float vec[2][5][N];  // per token: r, decay, k, a, b (double-buffered)
+  __shared__ float tile[N][N + 1];                 // +1: row reads by different threads hit different banks
+  __shared__ __align__(16) float vec[2][5][N];     // per token: r, decay, k, a, b (double-buffered)
 
   load_tile_by<state_t, T>(S, tile);
   __syncthreads();
