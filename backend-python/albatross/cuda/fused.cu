@@ -369,8 +369,11 @@ struct PrepArgs {
 // lane of the warp must call it (the kk norm is a shuffle sum), `live` false for lanes past the
 // row's end. wkv_prep_kernel and wkv_decode_step_kernel both run it, so their outputs are
 // bit-identical.
+//
+// k_copy and v_copy, where given (wkv_decode_step_kernel's shared memory), get the same k and v
+// that go to global memory, so the step reads them without another round trip to memory.
 template <typename T>
-__device__ __forceinline__ void prep8(const PrepArgs<T>& p, const bool live) {
+__device__ __forceinline__ void prep8(const PrepArgs<T>& p, const bool live, T* k_copy = nullptr, T* v_copy = nullptr) {
   // Every read first (one round trip to memory instead of four): the op's inputs never alias k or
   // v (the host check refuses that), so reading them before k and v are stored reads the same values.
   const bool residual = p.v_lora != nullptr;
@@ -381,8 +384,8 @@ __device__ __forceinline__ void prep8(const PrepArgs<T>& p, const bool live) {
     a0_raw = fetch8(p.a0);
     a_lora_raw = fetch8(p.a_lora);
     k_a_raw = fetch8(p.k_a);
+    if (residual || v_copy != nullptr) v_raw = fetch8(static_cast<const T*>(p.v));
     if (residual) {
-      v_raw = fetch8(static_cast<const T*>(p.v));
       v0_raw = fetch8(p.v0);
       v_lora_raw = fetch8(p.v_lora);
       v_first_raw = fetch8(p.v_first);
@@ -416,6 +419,8 @@ __device__ __forceinline__ void prep8(const PrepArgs<T>& p, const bool live) {
 #pragma unroll
   for (int j = 0; j < kVec; ++j) out[j] = k[j] * (1.f + (a[j] - 1.f) * tmp[j]);
   store8(p.k, out);
+  if (k_copy != nullptr) store8(k_copy, out);
+  if (!residual && v_copy != nullptr) *reinterpret_cast<Raw8<T>*>(v_copy) = v_raw;  // layer 0: v as it came
   if (residual) {
     float v[kVec], gate[kVec], first[kVec];
     unpack8(v_raw, v);
@@ -425,6 +430,7 @@ __device__ __forceinline__ void prep8(const PrepArgs<T>& p, const bool live) {
 #pragma unroll
     for (int j = 0; j < kVec; ++j) out[j] = v[j] + (first[j] - v[j]) * sigmoidf(gate[j] + tmp[j]);
     store8(p.v, out);
+    if (v_copy != nullptr) store8(v_copy, out);
   }
   unpack8(w0_raw, a0);
   unpack8(w_lora_raw, tmp);
@@ -533,14 +539,19 @@ __global__ void __launch_bounds__(kThreads)
 // ---------------------------------------------------------------------------------------------
 // wkv_decode_step: a block's WKV step for rows that are each one slot's single token, in one launch
 // instead of three (wkv_prep, the WKV op's decode kernel, gn_bonus_gate). One block of N threads
-// per (row, head), as the decode kernel has: the state tile is requested first; the first 8 lanes
-// run prep8 for the head (k and v updated in place in global memory, w, a and b into shared memory
-// in the activation dtype, rounded where wkv_prep rounds them on their way to global memory); then
-// every thread runs the decode step (wkv_decode.cuh) on its state row, y goes to shared memory in
-// the activation dtype; then the first 8 lanes run gn8. Each piece is the function the separate
-// kernels run, on the same rounded values, so the result is bit-identical to the three ops at any
-// batch size. k and v are read back after the barrier through plain (coherent) loads: this block
-// wrote them.
+// per (row, head), as the decode kernel has. Everything the block reads from global memory is
+// requested at its start: the state tile and gn8's operands (g and three weight vectors) through
+// cp.async (no registers held while in flight), r and prep8's operands into registers. The first 8
+// lanes run prep8 for the head (k and v updated in place in global memory and copied to shared
+// memory; w, a and b into shared memory in the activation dtype, rounded where wkv_prep rounds them
+// on their way to global memory); then every thread runs the decode step (wkv_decode.cuh) on its
+// state row, y to shared memory in the activation dtype; then the first 8 lanes run gn8 on shared
+// memory alone. Each piece is the function the separate kernels run, on the same rounded values,
+// so the result is bit-identical to the three ops at any batch size.
+//
+// Why everything up front: a block that went back to global memory for r, k and v after prep, and
+// for gn8's operands after the step, waited on memory three times in a row; an H100 at batch 960
+// (7.2B, docs/performance.md, "Session 17") took 403 us a layer instead of 418.
 
 template <typename T>
 struct StepArgs {
@@ -554,7 +565,18 @@ struct StepArgs {
   float eps;
 };
 
-// 12 blocks an SM: 76-78 registers, no spills (16, the decode kernel's, spilled prep8's arrays).
+// 8 elements global -> shared through cp.async (16-byte aligned on both sides).
+template <typename T>
+__device__ __forceinline__ void fetch8_async(T* smem, const T* gmem) {
+#pragma unroll
+  for (int w = 0; w < static_cast<int>(kVec * sizeof(T) / 16); ++w)
+    cp_async16(reinterpret_cast<uint4*>(smem) + w, reinterpret_cast<const uint4*>(gmem) + w);
+}
+
+// A row's vectors of one head in the step's shared memory, in the activation dtype.
+enum StepVec { kW, kA, kB, kK, kV, kY, kR, kG, kRK, kLW, kLB, kStepVecs };
+
+// 12 blocks an SM: 78-80 registers, no spills (16, the decode kernel's, spilled prep8's arrays).
 template <typename T, typename state_t>
 __global__ void __launch_bounds__(N, 12) wkv_decode_step_kernel(const StepArgs<T> p, state_t* __restrict__ state,
                                                                 const int* __restrict__ slot_idx) {
@@ -564,32 +586,39 @@ __global__ void __launch_bounds__(N, 12) wkv_decode_step_kernel(const StepArgs<T
   state_t* S = state + ((int64_t)slot_idx[s] * q.H + h) * (N * N);
   __shared__ __align__(16) state_t tile[N * DecodeTile<state_t>::ROW];
   __shared__ __align__(16) float vec[5][N];
-  __shared__ __align__(16) T wab[4][N];  // prep's w, a (= -kk) and b (= kk * a), then y
-  decode_fetch(S, tile, i);
+  __shared__ __align__(16) T io[kStepVecs][N];
 
   const int64_t C = (int64_t)q.H * kHead;
-  const int c = h * kHead + i * kVec;  // lane i < 8 of warp 0: channels c..c+7 of the head
+  const int lc = i * kVec;  // lane i < 8 of warp 0: channels c..c+7 of the head
+  const int c = h * kHead + lc;
   const int64_t o = s * C + c;
   const bool live = i < kHead / kVec;
-  if (i < 32) {  // warp 0 whole: prep8's norm is a shuffle sum
-    prep8(prep_row(q, o, c, wab[0] + i * kVec, wab[1] + i * kVec, wab[2] + i * kVec), live);
+  if (live) {
+    fetch8_async(io[kG] + lc, p.g + o);
+    fetch8_async(io[kRK] + lc, p.r_k + c);
+    fetch8_async(io[kLW] + lc, p.ln_w + c);
+    fetch8_async(io[kLB] + lc, p.ln_b + c);
   }
-  __syncthreads();  // w, a, b in shared memory, k and v in global memory, for every thread
+  decode_fetch(S, tile, i);
+  const T r = p.r[s * C + h * kHead + i];
+  if (i < 32)  // warp 0 whole: prep8's norm is a shuffle sum
+    prep8(prep_row(q, o, c, io[kW] + lc, io[kA] + lc, io[kB] + lc), live, io[kK] + lc, io[kV] + lc);
+  io[kR][i] = r;
+  __syncthreads();  // w, a, b, k, v and r in shared memory for every thread
 
-  const int64_t col = s * C + h * kHead + i;
   float x[6];  // r, w, k, v, a, b: what the decode kernel reads from global memory
-  x[0] = to_float(p.r[col]);
-  x[1] = to_float(wab[0][i]);
-  x[2] = to_float(q.k[col]);
-  x[3] = to_float(q.v[col]);
-  x[4] = to_float(wab[1][i]);
-  x[5] = to_float(wab[2][i]);
-  wab[3][i] = from_float<T>(decode_update(tile, vec, x, i));
+  x[0] = to_float(r);
+  x[1] = to_float(io[kW][i]);
+  x[2] = to_float(io[kK][i]);
+  x[3] = to_float(io[kV][i]);
+  x[4] = to_float(io[kA][i]);
+  x[5] = to_float(io[kB][i]);
+  io[kY][i] = from_float<T>(decode_update(tile, vec, x, i));  // its wait and barrier cover gn8's cp.async too
   decode_store(S, tile, i);  // its barrier also publishes y
 
   if (i < 32)
-    gn8(wab[3] + i * kVec, p.r + o, static_cast<const T*>(q.k) + o, static_cast<const T*>(q.v) + o, p.g + o,
-        p.r_k + c, p.ln_w + c, p.ln_b + c, p.out + o, live, p.eps);
+    gn8(io[kY] + lc, io[kR] + lc, io[kK] + lc, io[kV] + lc, io[kG] + lc, io[kRK] + lc, io[kLW] + lc, io[kLB] + lc,
+        p.out + o, live, p.eps);
 }
 
 // ---------------------------------------------------------------------------------------------
