@@ -58,6 +58,7 @@ class FlatBatch:
     last_rows: torch.Tensor
     lengths: tuple[int, ...]
     single_token: bool = False  # every slot has exactly one row (a decode step): the WKV op's fast path
+    shortest: int = 1  # the fewest rows a slot has (the WKV kernel's launch shape depends on it)
 
     @classmethod
     def build(cls, slots: list[int], lengths: list[int], device: torch.device) -> FlatBatch:
@@ -73,6 +74,7 @@ class FlatBatch:
             last_rows=last,
             lengths=tuple(lengths),
             single_token=all(n == 1 for n in lengths),
+            shortest=min(lengths, default=0),
         )
 
 
@@ -143,10 +145,13 @@ def wkv7_torch(
     a: torch.Tensor,
     b: torch.Tensor,
     single_token: bool = False,
+    rows_per_thread: int = 1,
 ) -> torch.Tensor:
     """The RWKV-7 recurrence (docs/architecture.md, "WKV op"), per token and head:
     `S = S * exp(-exp(w))[None, :] + (S @ a) b^T + v k^T`, `y = S @ r`, in fp32.
-    (`single_token` is the caller's promise of one row per slot, which only the CUDA op uses.)
+    (`single_token` is the caller's promise of one row per slot, and `rows_per_thread` (1 or 2)
+    the CUDA kernel's launch shape for calls with longer slots; only the CUDA op uses them, and
+    neither changes a result.)
 
     Slots are sorted by length, longest first, so at step t the slots still running are a prefix
     of the sorted list: one batched update per step covers every slot, and a decode-only call
@@ -186,7 +191,7 @@ def wkv7_torch(
 
 wkv7 = _declare(
     "wkv7(Tensor(a!) state, Tensor slot_idx, Tensor cu_seqlens, Tensor r, Tensor w, Tensor k, Tensor v, Tensor a, "
-    "Tensor b, bool single_token=False) -> Tensor",
+    "Tensor b, bool single_token=False, int rows_per_thread=1) -> Tensor",
     wkv7_torch,
 )
 

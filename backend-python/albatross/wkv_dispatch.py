@@ -12,10 +12,14 @@ long prompt's chunk) is split by rows: the run takes the chunked kernel, the sho
 and after it the sequential one, each part on its own rows. The chunked kernel's grid is sized by
 its slot count times its longest slot's chunks, so short slots riding in it would launch mostly
 empty programs (960 decode rows next to a 4,096-token chunk: about 16 million a layer).
+
+A whole call on the sequential kernel also gets its launch shape, one state row a thread or two
+(`LAYOUT`); a split call's sequential parts keep one.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -66,6 +70,35 @@ class ChunkedPolicy:
 
 DEFAULT_POLICY = ChunkedPolicy()
 POLICY = DEFAULT_POLICY  # benchmarks replace it to compare the kernels
+
+
+@dataclass(frozen=True, slots=True)
+class SequentialLayout:
+    """The sequential kernel's launch shape for a call with prompt chunks: two state rows a
+    thread (one warp a (slot, head)) when every slot has `min_tokens` tokens or more and the
+    call's chains (slots times heads) give each SM `chains_per_sm` or more; else one row a thread.
+    Two rows share each shared-memory read of a token's vectors between twice the rows, but a
+    chain then has half the threads, so it pays only once the chains fill the GPU, and one-token
+    slots (decode rows riding in the call) load their states with half the bytes in flight."""
+
+    # An H100 (132 SMs), one layer of 64 heads, fp32 state (docs/performance.md, "Session 17"), us
+    # one row / two rows a thread: 4x512 493 / 575, 8x512 610 / 587, 16x512 900 / 827, 64x512
+    # 3,543 / 3,300; 4x128 115 / 137, 16x128 236 / 218, 128x128 1,792 / 1,728; 1x4096 3,746 / 4,498.
+    min_tokens: int = 128
+    chains_per_sm: int = 3
+
+    def rows_per_thread(self, slots: int, shortest: int, heads: int, multiprocessors: int) -> int:
+        if shortest < self.min_tokens or slots * heads < self.chains_per_sm * multiprocessors:
+            return 1
+        return 2
+
+
+LAYOUT = SequentialLayout()
+
+
+@functools.cache
+def multiprocessors(device_index: int) -> int:
+    return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
 
 _chunked: Any = None  # the Triton module once imported; False when it cannot be
 Cuts = tuple[tuple[int, ...], ...]  # per call slot: token counts after which its state is captured
@@ -131,7 +164,10 @@ def wkv7(
         lengths = batch.lengths if cuts is None else tuple(_policy_length(n, c) for n, c in zip(batch.lengths, cuts))
         run = policy.chunked_run(lengths, state.shape[1])
     if run is None and cuts is None:
-        return ops.wkv7(state, batch.slot_idx, batch.cu_seqlens, r, w, k, v, a, b, batch.single_token)
+        rows = 1
+        if state.is_cuda and not batch.single_token:
+            rows = LAYOUT.rows_per_thread(len(batch.lengths), batch.shortest, state.shape[1], multiprocessors(state.get_device()))
+        return ops.wkv7(state, batch.slot_idx, batch.cu_seqlens, r, w, k, v, a, b, batch.single_token, rows)
     chunked = _chunked.wkv7_chunked_triton if run is not None else _no_chunked_kernel
     return run_parts(state, _parts(batch, run, cuts), (r, w, k, v, a, b), chunked, ops.wkv7, captures)
 

@@ -265,6 +265,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--skip-accuracy", action="store_true")
     parser.add_argument("--wkv-chunked", default="on", help="prefill with the chunked WKV kernel where its policy says (on), "
                         "never (off), for every slot of the policy's min_tokens or more (always), or several in turn (on,off,always)")
+    parser.add_argument("--wkv-rows", default="auto", help="prefill rows with the sequential kernel's layout as its dispatch picks it (auto), "
+                        "one state row a thread always (1), or both (auto,1)")
     parser.add_argument("--gemv", default="on" if linear.GEMV_BY_DEFAULT else "off", help="graph decode with the GEMV kernel for 1-4 rows (on), cuBLAS (off), or both")
     parser.add_argument("--fused-lora", default="on" if loras.FUSED_BY_DEFAULT else "off", help="the fp16-state graph decode rows with the fused LoRA kernels for "
                         "1-4 rows (on; albatross/lora_triton.py), the eager LoRAs (off), or both (on,off)")
@@ -304,16 +306,22 @@ def main(argv: list[str] | None = None) -> None:
         if state_dtype == torch.float32:
             every_long_slot = f"chunked WKV for any slot of {wkv_dispatch.DEFAULT_POLICY.min_tokens}+"
             wkv_notes = {"on": "chunked WKV where the policy says", "off": "sequential WKV", "always": every_long_slot}
+            layouts = {"auto": wkv_dispatch.LAYOUT, "1": wkv_dispatch.SequentialLayout(min_tokens=1 << 30)}
             for setting in [v.strip() for v in args.wkv_chunked.split(",") if v.strip()]:
                 if setting not in wkv_notes:
                     raise SystemExit(f"--wkv-chunked takes on, off and always; got {setting!r}")
                 wkv_dispatch.POLICY = wkv_dispatch.ChunkedPolicy(enabled=setting != "off", max_long_heads=1 << 30 if setting == "always" else wkv_dispatch.DEFAULT_POLICY.max_long_heads)
-                for prompts, length in ((1, 4096), (64, 512)):
-                    result = bench_prefill(model, pool, prompts, length, args.shape, args.prefill_chunk)
-                    result.note += ", " + wkv_notes[setting]
-                    results.append(result)
-                    print(asdict(result), flush=True)
+                for rows in [v.strip() for v in args.wkv_rows.split(",") if v.strip()]:
+                    if rows not in layouts:
+                        raise SystemExit(f"--wkv-rows takes auto and 1; got {rows!r}")
+                    wkv_dispatch.LAYOUT = layouts[rows]
+                    for prompts, length in ((1, 4096), (64, 512)):
+                        result = bench_prefill(model, pool, prompts, length, args.shape, args.prefill_chunk)
+                        result.note += ", " + wkv_notes[setting] + ("" if rows == "auto" else ", one state row a thread")
+                        results.append(result)
+                        print(asdict(result), flush=True)
             wkv_dispatch.POLICY = wkv_dispatch.DEFAULT_POLICY
+            wkv_dispatch.LAYOUT = layouts["auto"]
             for gemv in on_off_settings(args.gemv) if graph_batches else ():
                 linear.set_gemv_allowed(gemv)  # captured into the graphs below
                 note = tag + (", GEMV for <= 4 rows" if linear.gemv_enabled() else ", cuBLAS")

@@ -209,6 +209,38 @@ def test_the_default_policy_chunks_up_to_four_long_slots() -> None:
     assert not policy.prefers_chunked((200,), heads=64)
 
 
+def test_the_sequential_kernel_takes_two_rows_a_thread_only_for_many_long_slots() -> None:
+    """Two rows a thread once every slot is long and the chains fill an H100's 132 SMs three
+    deep; a decode row in the call, short chunks or few slots keep one row a thread."""
+    rows = wkv_dispatch.LAYOUT.rows_per_thread
+    assert rows(64, 512, 64, 132) == 2 and rows(128, 128, 64, 132) == 2 and rows(8, 512, 64, 132) == 2
+    assert rows(4, 512, 64, 132) == 1  # 256 chains: one row a thread measured faster
+    assert rows(64, 1, 64, 132) == 1  # a decode row rides along
+    assert rows(960, 127, 64, 132) == 1  # short chunks
+    assert rows(8, 512, 64, 200) == 1  # a bigger GPU needs more chains
+    assert rows(0, 0, 64, 132) == 1
+
+
+def test_the_dispatch_passes_the_layout_to_the_sequential_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On a CUDA state the call's layout reaches the op; on the CPU (and for decode steps) the op
+    gets one row a thread. The twin stands in for the kernel, so results must not change."""
+    seen: list[int] = []
+
+    def recording(*args: object) -> torch.Tensor:
+        seen.append(args[-1])  # type: ignore[arg-type]
+        return ops.wkv7_torch(*args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ops, "wkv7", recording)
+    gen = torch.Generator().manual_seed(5)
+    lengths = [130, 140]
+    inputs = wkv_inputs(lengths, 2, torch.float32, gen)
+    state = torch.randn(3, 2, 64, 64, generator=gen) * 0.3
+    batch = ops.FlatBatch.build([2, 0], lengths, torch.device("cpu"))
+    assert batch.shortest == 130
+    wkv_dispatch.wkv7(state, batch, *inputs)
+    assert seen == [1]
+
+
 def test_the_memory_plans_scratch_bound_covers_what_the_kernel_allocates() -> None:
     """The Triton kernel keeps FACTORS fp32 rows of 64 a (row, head) and a decay row and span per
     (chunk, head); wkv_chunked.scratch_bytes (the memory plan's term) bounds that for any mix of
