@@ -290,7 +290,8 @@ def wkv7_chunked_triton(
     index or -1) also copies a slot's state after those chunks (prefix-cache checkpoints).
     `prepare_warps` and `prepare_precision` (default: `precision`) are the prepare kernel's, and
     `prepare_inverse` how it inverts a chunk's `I - M`: "substitution" (row by row, the twin's
-    order) or "squaring" (products of `I + M^(2^k)`; not yet timed on a GPU, so not the default)."""
+    order) or "squaring" (products of `I + M^(2^k)`: 4% faster on an H100, but off because its
+    powers cancel on aligned keys; docs/kernels.md, "Chunked WKV prefill")."""
     if prepare_inverse not in ("substitution", "squaring"):
         raise ValueError(f"prepare_inverse must be substitution or squaring, got {prepare_inverse!r}")
     _check(state, slot_idx, cu_seqlens, (r, w, k, v, a, b), lengths, block_values, chunk)
