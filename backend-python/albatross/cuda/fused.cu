@@ -539,19 +539,24 @@ __global__ void __launch_bounds__(kThreads)
 // ---------------------------------------------------------------------------------------------
 // wkv_decode_step: a block's WKV step for rows that are each one slot's single token, in one launch
 // instead of three (wkv_prep, the WKV op's decode kernel, gn_bonus_gate). One block of N threads
-// per (row, head), as the decode kernel has. Everything the block reads from global memory is
-// requested at its start: the state tile and gn8's operands (g and three weight vectors) through
-// cp.async (no registers held while in flight), r and prep8's operands into registers. The first 8
-// lanes run prep8 for the head (k and v updated in place in global memory and copied to shared
-// memory; w, a and b into shared memory in the activation dtype, rounded where wkv_prep rounds them
-// on their way to global memory); then every thread runs the decode step (wkv_decode.cuh) on its
-// state row, y to shared memory in the activation dtype; then the first 8 lanes run gn8 on shared
+// per (kItems rows, head). Everything the block reads from global memory is requested at its start:
+// the rows' state tiles and gn8's operands (g and the three weight vectors) through cp.async (no
+// registers held while in flight), r and prep8's operands into registers. Lanes 8j..8j+7 of warp 0
+// run prep8 for row j (k and v updated in place in global memory and copied to shared memory; w, a
+// and b into shared memory in the activation dtype, rounded where wkv_prep rounds them on their way
+// to global memory); then every thread runs the decode step (wkv_decode.cuh) on its state row of
+// each tile, y to shared memory in the activation dtype; then the same lanes run gn8 on shared
 // memory alone. Each piece is the function the separate kernels run, on the same rounded values,
 // so the result is bit-identical to the three ops at any batch size.
 //
-// Why everything up front: a block that went back to global memory for r, k and v after prep, and
-// for gn8's operands after the step, waited on memory three times in a row; an H100 at batch 960
-// (7.2B, docs/performance.md, "Session 17") took 403 us a layer instead of 418.
+// Why so: the step is bound by the state's traffic, and an SM keeps in flight only the tiles its
+// blocks have requested. Reading r, k and v back from global memory after prep, and gn8's operands
+// after the step, made a block wait on memory three times in a row (an H100 at batch 960: 418 us a
+// layer, 401 with everything up front). Two rows a block keep 18 tiles of a 16-bit state requested
+// an SM (9 blocks, by shared memory) instead of 12 (12 blocks, by registers): on an H100 cut to 96
+// SMs by a green context, which gives each SM the H200's share of memory bandwidth, 443 -> 408 us
+// (docs/performance.md, "Session 17"; bench/bench_decode_step_sms.py). An fp32 tile is twice the
+// size, so two rows a block would keep fewer tiles in flight (10 against 11): one row there.
 
 template <typename T>
 struct StepArgs {
@@ -563,6 +568,7 @@ struct StepArgs {
   const T* ln_b;
   T* out;
   float eps;
+  int rows;
 };
 
 // 8 elements global -> shared through cp.async (16-byte aligned on both sides).
@@ -576,49 +582,68 @@ __device__ __forceinline__ void fetch8_async(T* smem, const T* gmem) {
 // A row's vectors of one head in the step's shared memory, in the activation dtype.
 enum StepVec { kW, kA, kB, kK, kV, kY, kR, kG, kRK, kLW, kLB, kStepVecs };
 
-// 12 blocks an SM: 78-80 registers, no spills (16, the decode kernel's, spilled prep8's arrays).
-template <typename T, typename state_t>
-__global__ void __launch_bounds__(N, 12) wkv_decode_step_kernel(const StepArgs<T> p, state_t* __restrict__ state,
-                                                                const int* __restrict__ slot_idx) {
+// 1 row a block (fp32 states): 12 blocks an SM by registers, 78-80 with 16-bit activations, no
+// spills (16, the decode kernel's, spilled prep8's arrays). 2 rows (16-bit states): 87-88
+// registers, no spills, 9 blocks an SM by shared memory (23.8 KiB a block).
+template <typename T, typename state_t, int kItems>
+__global__ void __launch_bounds__(N, kItems == 1 ? 12 : 9) wkv_decode_step_kernel(const StepArgs<T> p, state_t* __restrict__ state,
+                                                                                  const int* __restrict__ slot_idx) {
   allow_dependents_to_launch();
-  const int s = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
+  constexpr int kLanes = kHead / kVec;  // lanes of warp 0 per row
+  const int h = blockIdx.y, i = threadIdx.x, s0 = blockIdx.x * kItems;
+  const int items = min(kItems, p.rows - s0);  // the same for the whole block
   const PrepArgs<T>& q = p.prep;
-  state_t* S = state + ((int64_t)slot_idx[s] * q.H + h) * (N * N);
-  __shared__ __align__(16) state_t tile[N * DecodeTile<state_t>::ROW];
-  __shared__ __align__(16) float vec[5][N];
-  __shared__ __align__(16) T io[kStepVecs][N];
+  __shared__ __align__(16) state_t tile[kItems][N * DecodeTile<state_t>::ROW];
+  __shared__ __align__(16) float vec[kItems][5][N];
+  __shared__ __align__(16) T io[kItems][kStepVecs][N];
 
   const int64_t C = (int64_t)q.H * kHead;
-  const int lc = i * kVec;  // lane i < 8 of warp 0: channels c..c+7 of the head
+  const bool live = i < kLanes * items;  // lane 8j + l of warp 0: row j's channels c..c+7
+  const int j0 = live ? i / kLanes : 0;
+  const int lc = (i % kLanes) * kVec;
   const int c = h * kHead + lc;
-  const int64_t o = s * C + c;
-  const bool live = i < kHead / kVec;
+  const int64_t o = (s0 + j0) * C + c;
   if (live) {
-    fetch8_async(io[kG] + lc, p.g + o);
-    fetch8_async(io[kRK] + lc, p.r_k + c);
-    fetch8_async(io[kLW] + lc, p.ln_w + c);
-    fetch8_async(io[kLB] + lc, p.ln_b + c);
+    fetch8_async(io[j0][kG] + lc, p.g + o);
+    fetch8_async(io[j0][kRK] + lc, p.r_k + c);
+    fetch8_async(io[j0][kLW] + lc, p.ln_w + c);
+    fetch8_async(io[j0][kLB] + lc, p.ln_b + c);
   }
-  decode_fetch(S, tile, i);
-  const T r = p.r[s * C + h * kHead + i];
+  state_t* S[kItems];
+  T r[kItems];
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    if (j < items) {
+      S[j] = state + ((int64_t)slot_idx[s0 + j] * q.H + h) * (N * N);
+      decode_fetch(S[j], tile[j], i);
+      r[j] = p.r[(s0 + j) * C + h * kHead + i];
+    }
+  }
   if (i < 32)  // warp 0 whole: prep8's norm is a shuffle sum
-    prep8(prep_row(q, o, c, io[kW] + lc, io[kA] + lc, io[kB] + lc), live, io[kK] + lc, io[kV] + lc);
-  io[kR][i] = r;
+    prep8(prep_row(q, o, c, io[j0][kW] + lc, io[j0][kA] + lc, io[j0][kB] + lc), live, io[j0][kK] + lc, io[j0][kV] + lc);
+#pragma unroll
+  for (int j = 0; j < kItems; ++j)
+    if (j < items) io[j][kR][i] = r[j];
   __syncthreads();  // w, a, b, k, v and r in shared memory for every thread
 
-  float x[6];  // r, w, k, v, a, b: what the decode kernel reads from global memory
-  x[0] = to_float(r);
-  x[1] = to_float(io[kW][i]);
-  x[2] = to_float(io[kK][i]);
-  x[3] = to_float(io[kV][i]);
-  x[4] = to_float(io[kA][i]);
-  x[5] = to_float(io[kB][i]);
-  io[kY][i] = from_float<T>(decode_update(tile, vec, x, i));  // its wait and barrier cover gn8's cp.async too
-  decode_store(S, tile, i);  // its barrier also publishes y
+#pragma unroll
+  for (int j = 0; j < kItems; ++j) {
+    if (j < items) {
+      float x[6];  // r, w, k, v, a, b: what the decode kernel reads from global memory
+      x[0] = to_float(io[j][kR][i]);
+      x[1] = to_float(io[j][kW][i]);
+      x[2] = to_float(io[j][kK][i]);
+      x[3] = to_float(io[j][kV][i]);
+      x[4] = to_float(io[j][kA][i]);
+      x[5] = to_float(io[j][kB][i]);
+      io[j][kY][i] = from_float<T>(decode_update(tile[j], vec[j], x, i));  // its wait covers gn8's cp.async too
+      decode_store(S[j], tile[j], i);  // its barrier also publishes y
+    }
+  }
 
   if (i < 32)
-    gn8(io[kY] + lc, io[kR] + lc, io[kK] + lc, io[kV] + lc, io[kG] + lc, io[kRK] + lc, io[kLW] + lc, io[kLB] + lc,
-        p.out + o, live, p.eps);
+    gn8(io[j0][kY] + lc, io[j0][kR] + lc, io[j0][kK] + lc, io[j0][kV] + lc, io[j0][kG] + lc, io[j0][kRK] + lc,
+        io[j0][kLW] + lc, io[j0][kLB] + lc, p.out + o, live, p.eps);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -923,6 +948,9 @@ Tensor gn_bonus_gate_cuda(const Tensor& y, const Tensor& r, const Tensor& k, con
   return out;
 }
 
+// Rows a block of wkv_decode_step for a state of `state_bytes` an entry (the kernel's comment says why).
+constexpr int step_items(const size_t state_bytes) { return state_bytes == 2 ? 2 : 1; }
+
 Tensor wkv_decode_step_cuda(Tensor state, const Tensor& slot_idx, const Tensor& r, Tensor k, Tensor v, const Tensor& g,
                            const Tensor& w_lora, const Tensor& a_lora, const OptionalTensor& v_lora,
                            const OptionalTensor& v_first, const Tensor& w0, const Tensor& a0, const OptionalTensor& v0,
@@ -951,7 +979,6 @@ Tensor wkv_decode_step_cuda(Tensor state, const Tensor& slot_idx, const Tensor& 
   const DeviceGuard guard(k.get_device_index());
   Tensor out = empty_like(k);
   if (rows == 0) return out;
-  const dim3 grid(static_cast<unsigned>(rows), static_cast<unsigned>(H));
   const cudaStream_t stream = current_stream(k);
   ALBATROSS_DISPATCH_FLOAT(k.scalar_type(), T, "k", [&] {
     ALBATROSS_DISPATCH_FLOAT(state.scalar_type(), state_t, "state", [&] {
@@ -964,7 +991,11 @@ Tensor wkv_decode_step_cuda(Tensor state, const Tensor& slot_idx, const Tensor& 
       p.ln_b = pointer<const T>(ln_b);
       p.out = pointer<T>(out);
       p.eps = static_cast<float>(eps);
-      wkv_decode_step_kernel<T, state_t><<<grid, N, 0, stream>>>(p, pointer<state_t>(state), slot_idx.const_data_ptr<int>());
+      p.rows = static_cast<int>(rows);
+      constexpr int kItems = step_items(sizeof(state_t));
+      const dim3 grid(static_cast<unsigned>((rows + kItems - 1) / kItems), static_cast<unsigned>(H));
+      wkv_decode_step_kernel<T, state_t, kItems>
+          <<<grid, N, 0, stream>>>(p, pointer<state_t>(state), slot_idx.const_data_ptr<int>());
       check_launch();
     });
   });
