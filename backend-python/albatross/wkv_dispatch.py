@@ -100,6 +100,7 @@ LAYOUT = SequentialLayout()
 def multiprocessors(device_index: int) -> int:
     return int(torch.cuda.get_device_properties(device_index).multi_processor_count)
 
+
 _chunked: Any = None  # the Triton module once imported; False when it cannot be
 Cuts = tuple[tuple[int, ...], ...]  # per call slot: token counts after which its state is captured
 _parts_cache: tuple[ops.FlatBatch, tuple[int, int] | None, Cuts | None, list[Part]] | None = None  # one batch's split, reused by every layer
