@@ -2,9 +2,9 @@
 two one-launch forms of the same step for decode rows (each row one slot's single token):
 
 - `ops.wkv_decode_step`, the CUDA kernel (fused.cu) that runs the three kernels' own device code in
-  one block per (row, head): bit-identical to the three ops, so it may serve every decode batch
-  size without making a row's result depend on its batch. It takes every decode step on a GPU
-  whose fused library has it (`set_step_op_allowed(False)` turns it off). On by default since an
+  one block per head and two rows (one with an fp32 state): bit-identical to the three ops, so it
+  may serve every decode batch size without making a row's result depend on its batch. It takes
+  every decode step on a GPU whose fused library has it (`set_step_op_allowed(False)` turns it off). On by default since an
   H100 showed the bit-identity (tests/test_wkv_decode_step_cuda.py, `bench/batch_drift.py`) and,
   with norm_mix's CUDA op, 151-154 -> 155-159 tok/s for fp16 and 197 -> 208 for int8 at batch 1,
   equal at 64 and 960 (docs/performance.md, session 12; `bench/bench_model.py --decode-ops on,off`).

@@ -222,8 +222,9 @@ def test_the_sequential_kernel_takes_two_rows_a_thread_only_for_many_long_slots(
 
 
 def test_the_dispatch_passes_the_layout_to_the_sequential_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
-    """On a CUDA state the call's layout reaches the op; on the CPU (and for decode steps) the op
-    gets one row a thread. The twin stands in for the kernel, so results must not change."""
+    """On the CPU the op gets one row a thread whatever the call's lengths (the rule needs a GPU's
+    SM count; test_cuda_kernels checks that a CUDA call gets the rule's answer), and the batch
+    knows its shortest slot. The twin stands in for the op."""
     seen: list[int] = []
 
     def recording(*args: object) -> torch.Tensor:
