@@ -8,7 +8,8 @@
 # (session 16 ran it with the wkv_seq_split variant, in git history at commit b0ba2e4)
 # (repository root, .whl/ carried.) Knobs: PROFILE=0 (no kernel tables), TESTS=0, TEST_VALUES (the
 # switch values the GPU tests run under; default all of VALUES), VALUES (default "1 2 4"),
-# WKV_CASES (bench_wkv.py prefill shapes), MODEL_VALUES (default VALUES; empty: no model rows),
+# WKV_CASES (bench_wkv.py prefill shapes), WKV_ROWS (its --rows-per-thread, default 1), BASE_WKV=1 (that
+# table on the committed binaries first), MODEL_VALUES (default VALUES; empty: no model rows),
 # CHUNKED_ARGS (bench_wkv_chunked.py flags: its sweep runs after the tables), IDENTITY=1 (outputs and states under every value compared bit for bit), SHAPE (7.2b). Output: $OUT/log.txt and JSON per value.
 set -uo pipefail
 . "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
@@ -33,6 +34,16 @@ fi
 if [ -n "${CHUNKED_ARGS:-}" ]; then  # the chunked Triton kernel's sweeps (bench_wkv_chunked.py), before any variant is copied
   echo "== chunked WKV: bench_wkv_chunked.py $CHUNKED_ARGS" | tee -a "$log"
   timeout 300 python3 bench/bench_wkv_chunked.py $CHUNKED_ARGS --json "$OUT/chunked.json" 2>&1 | grep -v "^{" | tee -a "$log" | tail -60
+fi
+
+wkv_layer() {  # bench_wkv.py's prefill table for WKV_CASES and WKV_ROWS; $1 names the JSON
+  timeout 300 python3 bench/bench_wkv.py --batches= --prefill "${WKV_CASES:-1x4096,16x2048,64x512,128x128}" \
+      --rows-per-thread "${WKV_ROWS:-1}" --state-dtypes fp32,fp16 --json "$OUT/wkv-$1.json" 2>&1 | tee -a "$log" | tail -30
+}
+
+if [ "${BASE_WKV:-0}" = 1 ]; then  # the same one-layer table on the committed binaries, before any variant is copied
+  echo "== one layer, committed binaries" | tee -a "$log"
+  wkv_layer base
 fi
 
 if [ -n "${VARIANT:-}" ]; then
@@ -64,8 +75,11 @@ for lengths in ([512] * 8, [128] * 5 + [1] * 9 + [300, 2], [4096]):
         state = (torch.randn(len(lengths), 64, 64, 64, generator=gen, device='cuda') * 0.1).to(state_dtype)
         cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device='cuda')
         slots = torch.randperm(len(lengths), generator=gen, device='cuda').to(torch.int32)
-        y = ops.wkv7(state, slots, cu, *_inputs(sum(lengths), 64, torch.float16, gen))
-        out[f'{len(lengths)}x{max(lengths)} {state_dtype}'] = (y.cpu(), state.cpu())
+        inputs = _inputs(sum(lengths), 64, torch.float16, gen)
+        for rows in (1, 2):  # each launch shape of the sequential kernel, on a copy of the states
+            s = state.clone()
+            y = ops.wkv7(s, slots, cu, *inputs, rows_per_thread=rows)
+            out[f'{len(lengths)}x{max(lengths)} {state_dtype} r{rows}'] = (y.cpu(), s.cpu())
 torch.save(out, '/tmp/identity-$value.pt')" 2>&1 | tail -3 | tee -a "$log"
     done
     python3 -c "
@@ -77,8 +91,7 @@ for key in runs[0]:
   fi
   for value in $values; do
     echo "== one layer, $switch=$value" | tee -a "$log"
-    env "$switch=$value" timeout 300 python3 bench/bench_wkv.py --batches= --prefill "${WKV_CASES:-1x4096,16x2048,64x512,128x128}" \
-        --state-dtypes fp32,fp16 --json "$OUT/wkv-$value.json" 2>&1 | tee -a "$log" | tail -11
+    (export "$switch=$value"; wkv_layer "$value")
   done
   for value in ${MODEL_VALUES-$values}; do
     echo "== model, $switch=$value" | tee -a "$log"
