@@ -33,6 +33,10 @@ _counters_lock = threading.Lock()
 GEMV_BY_DEFAULT = False  # measured slower than cuBLAS (docs/performance.md, "Split-K GEMV")
 _gemv_allowed = GEMV_BY_DEFAULT  # benchmarks and tests switch the float GEMV on to compare
 _gemv_loaded = False  # latched once the gemv library has registered the op's CUDA kernel
+# Off until a GPU times it: at batch 960 the conversion it saves took 200 us of a 36.2 ms step on
+# an H100 (docs/performance.md, "Session 18"); `bench_model.py --fp32-logits on,off` compares.
+FP32_PRODUCT_OUT_BY_DEFAULT = False
+_fp32_product_out = FP32_PRODUCT_OUT_BY_DEFAULT  # benchmarks and tests switch it to compare
 
 
 def counters(device: torch.device) -> torch.Tensor:
@@ -93,6 +97,30 @@ def mm(x: torch.Tensor, weight: Weight) -> torch.Tensor:
     if takes_gemv(x, weight):
         return gemv(x, weight)
     return torch.mm(x, weight)
+
+
+def mm_float32(x: torch.Tensor, weight: Weight) -> torch.Tensor:
+    """`mm` with an fp32 result (the LM head's logits, which the sampler takes in fp32). A 16-bit
+    product on a GPU that cuBLAS runs writes fp32 from its fp32 accumulators (`out_dtype`): no
+    pass converting a 16-bit [R, V] result, and no rounding of the logits to 16 bits on the way.
+    The GEMV, int8 and CPU products convert their result."""
+    if (
+        _fp32_product_out
+        and isinstance(weight, torch.Tensor)
+        and x.is_cuda
+        and x.dim() == 2
+        and x.dtype in _GEMV_DTYPES
+        and weight.dtype == x.dtype
+        and not takes_gemv(x, weight)
+    ):
+        return torch.mm(x, weight, out_dtype=torch.float32)
+    return mm(x, weight).float()
+
+
+def set_fp32_product_out(allowed: bool) -> None:
+    """Let `mm_float32` have cuBLAS write fp32, or convert a 16-bit product after."""
+    global _fp32_product_out
+    _fp32_product_out = allowed
 
 
 def bmm(x: torch.Tensor, weight: Weight) -> torch.Tensor:

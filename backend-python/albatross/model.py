@@ -361,7 +361,7 @@ class RWKV7:
             x = x.index_select(0, batch.last_rows)
             pending = pending.index_select(0, batch.last_rows) if pending is not None else None
         h = ops.add_layer_norm(x, pending, self.ln_out_weight, self.ln_out_bias)
-        return linear.mm(h, self.head).float()
+        return linear.mm_float32(h, self.head)
 
     __call__ = forward
 

@@ -279,6 +279,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--decode-ops", default="on" if wkv_decode.STEP_OP_BY_DEFAULT and norm_mix.OP_BY_DEFAULT else "off",
                         help="the fp16-state graph decode rows with the CUDA decode ops (on: norm_mix_decode and wkv_decode_step, "
                         "one launch each where two and three ran, bit-identical to them), without (off), or both (on,off)")
+    parser.add_argument("--fp32-logits", default="on" if linear.FP32_PRODUCT_OUT_BY_DEFAULT else "off",
+                        help="the fp16-state graph decode rows with the LM head's product written in fp32 by cuBLAS (on), "
+                        "or in fp16 then converted (off), or both (on,off)")
     parser.add_argument("--weights", default="fp16", choices=("fp16", "int8"), help="the large matrices' format (int8: W8A16)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
@@ -331,20 +334,24 @@ def main(argv: list[str] | None = None) -> None:
             for batch in [int(b) for b in args.profile_graph_batches.split(",") if b]:
                 print(f"\n== profile: graph decode, batch {batch}, fp16 state, {args.shape}\n{profile_graph_decode(model, pool, batch)}", flush=True)
             fp16_graph_batches = [int(b) for b in args.fp16_graph_batches.split(",") if b and int(b) < pool.batch_size]
-            settings = [(gemv, fused, norm, wkv, step) for gemv in on_off_settings(args.gemv) for fused in on_off_settings(args.fused_lora)
+            settings = [(gemv, fused, norm, wkv, step, fp32) for gemv in on_off_settings(args.gemv) for fused in on_off_settings(args.fused_lora)
                         for norm in on_off_settings(args.fused_norm_mix) for wkv in on_off_settings(args.fused_wkv)
-                        for step in on_off_settings(args.decode_ops)] if fp16_graph_batches else []  # fmt: skip
-            for gemv, fused, norm, wkv, step in settings:  # what the engine runs: a captured step per bucket
-                linear.set_gemv_allowed(gemv)  # all five captured into the graphs below
+                        for step in on_off_settings(args.decode_ops)
+                        for fp32 in on_off_settings(args.fp32_logits)] if fp16_graph_batches else []  # fmt: skip
+            for gemv, fused, norm, wkv, step, fp32 in settings:  # what the engine runs: a captured step per bucket
+                linear.set_gemv_allowed(gemv)  # all six captured into the graphs below
+                linear.set_fp32_product_out(fp32)
                 wkv_decode.set_step_op_allowed(step)  # the CUDA ops take precedence over the Triton paths
                 norm_mix.set_op_allowed(step)
                 note = tag + (", GEMV for <= 4 rows" if linear.gemv_enabled() else ", cuBLAS") + (", fused LoRAs" if fused else "")
                 note += (", one-launch norm + mix" if norm else "") + (", one-launch WKV step" if wkv else "")
                 note += ", CUDA decode ops" if step else ""
+                note += ", fp32 logits from cuBLAS" if fp32 else ""
                 with batch1_paths(fused, norm, wkv):
                     results += graph_decode_rows(model, pool, fp16_graph_batches, lambda batch: 3 * args.steps if batch == 1 else args.steps,
                                                  args.shape, note)  # fmt: skip
                 linear.set_gemv_allowed(linear.GEMV_BY_DEFAULT)
+                linear.set_fp32_product_out(linear.FP32_PRODUCT_OUT_BY_DEFAULT)
                 wkv_decode.set_step_op_allowed(wkv_decode.STEP_OP_BY_DEFAULT)
                 norm_mix.set_op_allowed(norm_mix.OP_BY_DEFAULT)
         if state_dtype == torch.float32:

@@ -138,3 +138,27 @@ def test_decode_through_the_gemv_matches_cublas() -> None:
     for got, expected in zip(with_gemv, with_cublas):
         rel = ((got - expected).norm() / expected.norm()).item()
         assert rel < 1e-2, f"logits relative difference {rel:.2e}"
+
+
+@pytest.mark.parametrize("rows", [1, 3, 7, 960])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+def test_fp32_logits_are_the_product_unrounded(rows: int, dtype: torch.dtype) -> None:
+    """The LM head's product: cuBLAS's fp32 result (more than 4 rows) is within fp32 accumulation
+    error of float64, finer than the 16-bit product; the GEMV's rows (gemv on in this module)
+    are its 16-bit result converted."""
+    x, W = _operands(rows, 4096, 1024, dtype, seed=11 + rows)
+    try:
+        linear.set_fp32_product_out(True)
+        out = linear.mm_float32(x, W)
+        assert out.dtype == torch.float32 and out.shape == (rows, 1024)
+        if linear.takes_gemv(x, W):
+            assert torch.equal(out, linear.gemv(x, W).float())
+            return
+        expected = x.double() @ W.double()
+        error = ((out.double() - expected).abs().max() / expected.abs().max()).item()
+        rounded = ((torch.mm(x, W).double() - expected).abs().max() / expected.abs().max()).item()
+        assert error < 1e-4 and error < rounded, (error, rounded)
+        linear.set_fp32_product_out(False)
+        assert torch.equal(linear.mm_float32(x, W), torch.mm(x, W).float())
+    finally:
+        linear.set_fp32_product_out(linear.FP32_PRODUCT_OUT_BY_DEFAULT)

@@ -39,3 +39,14 @@ def test_the_kernel_is_taken_only_when_loaded_and_allowed() -> None:
         assert not linear.gemv_enabled()
     finally:
         linear.set_gemv_allowed(linear.GEMV_BY_DEFAULT)
+
+
+def test_fp32_logits_on_the_cpu_are_the_product_converted() -> None:
+    gen = torch.Generator().manual_seed(2)
+    x, W = torch.randn(5, 64, generator=gen).bfloat16(), torch.randn(64, 40, generator=gen).bfloat16()
+    try:
+        linear.set_fp32_product_out(True)  # CUDA only (aten::mm.dtype has no CPU kernel): converted here
+        out = linear.mm_float32(x, W)
+    finally:
+        linear.set_fp32_product_out(linear.FP32_PRODUCT_OUT_BY_DEFAULT)
+    assert out.dtype == torch.float32 and torch.equal(out, torch.mm(x, W).float())
