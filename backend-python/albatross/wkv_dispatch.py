@@ -79,18 +79,29 @@ class SequentialLayout:
     call's chains (slots times heads) give each SM `chains_per_sm` or more; else one row a thread.
     Two rows share each shared-memory read of a token's vectors between twice the rows, but a
     chain then has half the threads, so it pays only once the chains fill the GPU, and one-token
-    slots (decode rows riding in the call) load their states with half the bytes in flight."""
+    slots (decode rows riding in the call) load their states with half the bytes in flight.
+
+    With `direct_chains_per_sm` chains an SM or more, the two rows of a thread go straight between
+    memory and its registers (`direct_rows`): no shared-memory tile, so 12 blocks share an SM
+    instead of 10, which pays once there are blocks to fill them; with fewer, the tile's coalesced
+    loads win."""
 
     # An H100 (132 SMs), one layer of 64 heads, fp32 state (docs/performance.md, "Session 17"), us
     # one row / two rows a thread: 4x512 493 / 575, 8x512 610 / 587, 16x512 900 / 827, 64x512
     # 3,543 / 3,300; 4x128 115 / 137, 16x128 236 / 218, 128x128 1,792 / 1,728; 1x4096 3,746 / 4,498.
     min_tokens: int = 128
     chains_per_sm: int = 3
+    # An H200 (132 SMs), fp16 state ("Session 19"), us, two rows with the tile / direct: 8x512
+    # (3.9 chains an SM) 590 / 762, 64x512 (31) 3,269 / 2,960, 128x128 (62) 1,674 / 1,503. The
+    # threshold is the direct kernel's 12 blocks an SM (none measured between 4 and 31).
+    direct_chains_per_sm: int = 12
 
-    def rows_per_thread(self, slots: int, shortest: int, heads: int, multiprocessors: int) -> int:
-        if shortest < self.min_tokens or slots * heads < self.chains_per_sm * multiprocessors:
-            return 1
-        return 2
+    def launch(self, slots: int, shortest: int, heads: int, multiprocessors: int) -> tuple[int, bool]:
+        """(rows_per_thread, direct_rows) for the sequential kernel."""
+        chains = slots * heads
+        if shortest < self.min_tokens or chains < self.chains_per_sm * multiprocessors:
+            return 1, False
+        return 2, chains >= self.direct_chains_per_sm * multiprocessors
 
 
 LAYOUT = SequentialLayout()
@@ -165,10 +176,10 @@ def wkv7(
         lengths = batch.lengths if cuts is None else tuple(_policy_length(n, c) for n, c in zip(batch.lengths, cuts))
         run = policy.chunked_run(lengths, state.shape[1])
     if run is None and cuts is None:
-        rows = 1
+        rows, direct = 1, False
         if state.is_cuda and not batch.single_token:
-            rows = LAYOUT.rows_per_thread(len(batch.lengths), batch.shortest, state.shape[1], multiprocessors(state.get_device()))
-        return ops.wkv7(state, batch.slot_idx, batch.cu_seqlens, r, w, k, v, a, b, batch.single_token, rows)
+            rows, direct = LAYOUT.launch(len(batch.lengths), batch.shortest, state.shape[1], multiprocessors(state.get_device()))
+        return ops.wkv7(state, batch.slot_idx, batch.cu_seqlens, r, w, k, v, a, b, batch.single_token, rows, direct)
     chunked = _chunked.wkv7_chunked_triton if run is not None else _no_chunked_kernel
     return run_parts(state, _parts(batch, run, cuts), (r, w, k, v, a, b), chunked, ops.wkv7, captures)
 

@@ -55,9 +55,11 @@ def _inputs(rows: int, heads: int, dtype: torch.dtype, gen: torch.Generator) -> 
 def bench(
     slots: int, length: int, heads: int, state_dtype: torch.dtype, act_dtype: torch.dtype, iters: int, general: bool = False,
     rows_per_thread: int = 1,
+    direct_rows: bool = False,
 ) -> Result:
-    """One case; decode (length 1) takes the decode kernel unless `general`. `rows_per_thread` is
-    the general kernel's launch shape (the op's argument; wkv_dispatch.LAYOUT picks it in serving)."""
+    """One case; decode (length 1) takes the decode kernel unless `general`. `rows_per_thread` and
+    `direct_rows` are the general kernel's launch shape (the op's arguments; wkv_dispatch.LAYOUT
+    picks them in serving)."""
     single = length == 1 and not general
     gen = torch.Generator(device="cuda").manual_seed(slots * length)
     state = (torch.randn(slots, heads, N, N, generator=gen, device="cuda") * 0.1).to(state_dtype)
@@ -65,15 +67,16 @@ def bench(
     cu = torch.arange(0, slots * length + 1, length, dtype=torch.int32, device="cuda")
     inputs = _inputs(slots * length, heads, act_dtype, gen)
     expected = ops.wkv7_torch(state.clone(), slot_idx, cu, *inputs).double()
-    got = ops.wkv7(state.clone(), slot_idx, cu, *inputs, single_token=single, rows_per_thread=rows_per_thread).double()
+    shape = {"single_token": single, "rows_per_thread": rows_per_thread, "direct_rows": direct_rows}
+    got = ops.wkv7(state.clone(), slot_idx, cu, *inputs, **shape).double()
     diff = ((got - expected).norm() / expected.norm().clamp_min(1e-30)).item()
-    seconds = event_ms(lambda: ops.wkv7(state, slot_idx, cu, *inputs, single_token=single, rows_per_thread=rows_per_thread), iters) / 1000
+    seconds = event_ms(lambda: ops.wkv7(state, slot_idx, cu, *inputs, **shape), iters) / 1000
     state_name = next(name for name, dtype in DTYPES.items() if dtype == state_dtype)
     if length == 1:
         traffic = 2 * state.numel() * state.element_size() + 7 * inputs[0].numel() * inputs[0].element_size()
         case = "decode, general" if general else "decode"
         return Result(case, state_name, slots, slots, 1e6 * seconds, traffic / seconds / 1e12, diff)
-    case = f"prefill {slots}x{length}" + (f" r{rows_per_thread}" if rows_per_thread != 1 else "")
+    case = f"prefill {slots}x{length}" + (f" r{rows_per_thread}" if rows_per_thread != 1 else "") + (" direct" if direct_rows else "")
     return Result(case, state_name, slots, slots * length, 1e6 * seconds, slots * length / seconds / 1e6, diff)
 
 
@@ -85,20 +88,25 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--state-dtypes", default="fp32,fp16", help=f"comma-separated, of {','.join(DTYPES)}")
     parser.add_argument("--act-dtype", default="fp16", choices=sorted(DTYPES))
     parser.add_argument("--iters", type=int, default=50)
-    parser.add_argument("--rows-per-thread", default="1", help="prefill: the general kernel's launch shapes to time, e.g. 1,2")
+    parser.add_argument("--rows-per-thread", default="1", help="prefill: the general kernel's launch shapes to time, e.g. 1,2,2d "
+                        "(2d: two rows straight to registers)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     print(require_kernel("bench_wkv", "wkv7", "WKV"), flush=True)
 
     decode = [int(b) for b in args.batches.split(",") if b]
-    layouts = [int(n) for n in args.rows_per_thread.split(",")]
-    cases = [(b, 1, False, 1) for b in decode] + [(b, 1, True, 1) for b in decode]  # decode kernel, then the general one
-    cases += [(*(int(n) for n in spec.split("x")), False, rows) for spec in args.prefill.split(",") if spec for rows in layouts]  # type: ignore[misc]
+    known = {"1": (1, False), "2": (2, False), "2d": (2, True)}
+    words = [n.strip() for n in args.rows_per_thread.split(",") if n.strip()]
+    if any(word not in known for word in words):
+        raise SystemExit(f"--rows-per-thread takes {', '.join(known)}; got {args.rows_per_thread!r}")
+    layouts = [known[word] for word in words]
+    cases = [(b, 1, False, (1, False)) for b in decode] + [(b, 1, True, (1, False)) for b in decode]  # decode kernel, then the general one
+    cases += [(*(int(n) for n in spec.split("x")), False, shape) for spec in args.prefill.split(",") if spec for shape in layouts]  # type: ignore[misc]
     results: list[Result] = []
     for state_name in args.state_dtypes.split(","):
-        for slots, length, general, rows in cases:
+        for slots, length, general, (rows, direct) in cases:
             iters = args.iters if length == 1 else max(3, args.iters // 10)
-            result = bench(slots, length, args.heads, DTYPES[state_name], DTYPES[args.act_dtype], iters, general, rows)
+            result = bench(slots, length, args.heads, DTYPES[state_name], DTYPES[args.act_dtype], iters, general, rows, direct)
             results.append(result)
             print(asdict(result), flush=True)
             torch.cuda.empty_cache()

@@ -71,6 +71,11 @@ CASES = [
 ]
 
 
+# The general kernel's launch shapes (rows_per_thread, direct_rows): wkv_dispatch.LAYOUT picks one.
+LAUNCH_SHAPES = [(1, False), (2, False), (2, True)]
+LAUNCH_IDS = ["row", "rows2", "rows2-direct"]
+
+
 @pytest.mark.parametrize("lengths, heads", CASES, ids=lambda c: str(len(c)) if isinstance(c, list) else str(c))
 @pytest.mark.parametrize(
     "act_dtype, state_dtype, tolerance",
@@ -83,9 +88,10 @@ CASES = [
     ],
     ids=["fp32", "fp16-act", "bf16-act", "fp16-state", "bf16-state"],
 )
-@pytest.mark.parametrize("rows_per_thread", [1, 2], ids=["row", "rows2"])
+@pytest.mark.parametrize("rows_per_thread, direct_rows", LAUNCH_SHAPES, ids=LAUNCH_IDS)
 def test_wkv7_kernel_matches_torch_twin(
-    lengths: list[int], heads: int, act_dtype: torch.dtype, state_dtype: torch.dtype, tolerance: float, rows_per_thread: int
+    lengths: list[int], heads: int, act_dtype: torch.dtype, state_dtype: torch.dtype, tolerance: float, rows_per_thread: int,
+    direct_rows: bool,
 ) -> None:
     gen = torch.Generator(device="cuda").manual_seed(len(lengths) * 1000 + sum(lengths))
     pool_size = len(lengths) + 5
@@ -99,7 +105,7 @@ def test_wkv7_kernel_matches_torch_twin(
     expected = ops.wkv7_torch(expected_state, slot_idx, cu, *inputs)
     actual_state = state.clone()
     _poison_next_allocation((sum(lengths), heads * N), act_dtype)
-    actual = ops.wkv7(actual_state, slot_idx, cu, *inputs, rows_per_thread=rows_per_thread)
+    actual = ops.wkv7(actual_state, slot_idx, cu, *inputs, rows_per_thread=rows_per_thread, direct_rows=direct_rows)
     torch.cuda.synchronize()
 
     assert not actual.isnan().any(), "some output rows were never written"
@@ -153,8 +159,9 @@ def test_wkv7_decode_kernel_is_bit_identical_to_the_general_kernel(
 @pytest.mark.parametrize("lengths, heads", CASES, ids=lambda c: str(len(c)) if isinstance(c, list) else str(c))
 @pytest.mark.parametrize("act_dtype, state_dtype", DECODE_DTYPES, ids=lambda d: str(d).split(".")[-1])
 def test_two_rows_a_thread_give_the_bits_of_one(lengths: list[int], heads: int, act_dtype: torch.dtype, state_dtype: torch.dtype) -> None:
-    """The general kernel's launch shape (`rows_per_thread`) changes nothing, to the bit: each
-    row's arithmetic is the same in the same order."""
+    """The general kernel's launch shape (`rows_per_thread`, `direct_rows`) changes nothing, to the
+    bit: each row's arithmetic is the same in the same order, whether its state went through the
+    shared-memory tile or straight to registers."""
     gen = torch.Generator(device="cuda").manual_seed(sum(lengths) + heads)
     pool = len(lengths) + 3
     state = (torch.randn(pool, heads, N, N, generator=gen, device="cuda") * 0.3).to(state_dtype)
@@ -165,31 +172,38 @@ def test_two_rows_a_thread_give_the_bits_of_one(lengths: list[int], heads: int, 
     y_one = ops.wkv7(one, slot_idx, cu, *inputs, rows_per_thread=1)
     _poison_next_allocation((sum(lengths), heads * N), act_dtype)
     y_two = ops.wkv7(two, slot_idx, cu, *inputs, rows_per_thread=2)
+    direct = state.clone()
+    _poison_next_allocation((sum(lengths), heads * N), act_dtype)
+    y_direct = ops.wkv7(direct, slot_idx, cu, *inputs, rows_per_thread=2, direct_rows=True)
     torch.cuda.synchronize()
-    assert torch.equal(y_two, y_one)
-    assert torch.equal(two, one)
+    assert torch.equal(y_two, y_one) and torch.equal(y_direct, y_one)
+    assert torch.equal(two, one) and torch.equal(direct, one)
 
 
 def test_the_dispatch_takes_two_rows_a_thread_where_its_layout_says(monkeypatch: pytest.MonkeyPatch) -> None:
     """Enough long slots to fill the GPU three chains an SM deep: the dispatch asks the kernel for
-    two rows a thread; with a decode row in the call it asks for one. Outputs as the twin's."""
+    two rows a thread (straight to registers at twelve chains an SM); with a decode row in the call
+    it asks for one. Outputs as the twin's."""
     from albatross import wkv_dispatch
 
-    seen: list[int] = []
+    seen: list[tuple[object, ...]] = []
     kernel = ops.wkv7
 
     def recording(*args: object) -> torch.Tensor:
-        seen.append(args[-1])  # type: ignore[arg-type]
+        seen.append(args[-2:])
         return kernel(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ops, "wkv7", recording)
     heads = 8
-    slots = -(-wkv_dispatch.LAYOUT.chains_per_sm * wkv_dispatch.multiprocessors(torch.cuda.current_device()) // heads)
+    layout, sms = wkv_dispatch.LAYOUT, wkv_dispatch.multiprocessors(torch.cuda.current_device())
+    slots = -(-layout.chains_per_sm * sms // heads)
+    many = -(-layout.direct_chains_per_sm * sms // heads)
     gen = torch.Generator(device="cuda").manual_seed(2)
-    for lengths, want in (([wkv_dispatch.LAYOUT.min_tokens] * slots, 2), ([wkv_dispatch.LAYOUT.min_tokens] * (slots - 1) + [1], 1)):
+    long = layout.min_tokens
+    for lengths, want in (([long] * slots, (2, False)), ([long] * (slots - 1) + [1], (1, False)), ([long] * many, (2, True))):
         inputs = _wkv_inputs(lengths, heads, torch.float16, gen)
-        state = (torch.randn(slots, heads, N, N, generator=gen, device="cuda") * 0.3).half()
-        batch = ops.FlatBatch.build(list(range(slots)), lengths, torch.device("cuda"))
+        state = (torch.randn(len(lengths), heads, N, N, generator=gen, device="cuda") * 0.3).half()
+        batch = ops.FlatBatch.build(list(range(len(lengths))), lengths, torch.device("cuda"))
         twin_state = state.clone()
         y = wkv_dispatch.wkv7(state, batch, *inputs)
         twin = ops.wkv7_torch(twin_state, batch.slot_idx, batch.cu_seqlens, *inputs)
@@ -197,9 +211,11 @@ def test_the_dispatch_takes_two_rows_a_thread_where_its_layout_says(monkeypatch:
         assert _relative_error(y, twin) <= 2e-3 and _relative_error(state, twin_state) <= 2e-3
 
 
-@pytest.mark.parametrize("rows_per_thread", [1, 2], ids=["row", "rows2"])
+@pytest.mark.parametrize("rows_per_thread, direct_rows", LAUNCH_SHAPES, ids=LAUNCH_IDS)
 @pytest.mark.parametrize("act_dtype, state_dtype", DECODE_DTYPES, ids=lambda d: str(d).split(".")[-1])
-def test_one_token_slots_of_a_mixed_call_equal_the_decode_kernel(act_dtype: torch.dtype, state_dtype: torch.dtype, rows_per_thread: int) -> None:
+def test_one_token_slots_of_a_mixed_call_equal_the_decode_kernel(
+    act_dtype: torch.dtype, state_dtype: torch.dtype, rows_per_thread: int, direct_rows: bool
+) -> None:
     """A decode row that rides in a step with prompt chunks gets, to the bit, what a decode-only
     step gives it: its output and state may not depend on the other slots of the call."""
     gen = torch.Generator(device="cuda").manual_seed(11)
@@ -210,7 +226,7 @@ def test_one_token_slots_of_a_mixed_call_equal_the_decode_kernel(act_dtype: torc
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
     inputs = _wkv_inputs(lengths, heads, act_dtype, gen)
     mixed_state = state.clone()
-    mixed = ops.wkv7(mixed_state, slot_idx, cu, *inputs, rows_per_thread=rows_per_thread)
+    mixed = ops.wkv7(mixed_state, slot_idx, cu, *inputs, rows_per_thread=rows_per_thread, direct_rows=direct_rows)
     ones = [s for s, n in enumerate(lengths) if n == 1]
     rows = cu[:-1][ones].long()
     decode_state = state.clone()
@@ -536,6 +552,7 @@ _BAD_CALLS = {
     "wkv7 input shape": "ops.wkv7(state, slots, cu, rows[0][:, :64], *rows[1:])",
     "wkv7 slot_idx on the host": "ops.wkv7(state, slots.cpu(), cu, *rows)",
     "wkv7 rows_per_thread": "ops.wkv7(state, slots, cu, *rows, rows_per_thread=4)",
+    "wkv7 direct rows at one row a thread": "ops.wkv7(state, slots, cu, *rows, direct_rows=True)",
     "layer norm weight dtype": "torch.ops.albatross.add_layer_norm(rows[0].float(), None, rows[0][0], rows[0][0], 1e-5)",
     "layer norm shape": "torch.ops.albatross.add_layer_norm(rows[0], None, rows[0][0, :64], rows[0][0, :64], 1e-5)",
     "sampler logits dtype": "torch.ops.albatross.sample(rows[0], slots.long(), *per_row(5), penalties, seen, True)",

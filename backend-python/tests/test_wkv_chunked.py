@@ -211,24 +211,27 @@ def test_the_default_policy_chunks_up_to_four_long_slots() -> None:
 
 def test_the_sequential_kernel_takes_two_rows_a_thread_only_for_many_long_slots() -> None:
     """Two rows a thread once every slot is long and the chains fill an H100's 132 SMs three
-    deep; a decode row in the call, short chunks or few slots keep one row a thread."""
-    rows = wkv_dispatch.LAYOUT.rows_per_thread
-    assert rows(64, 512, 64, 132) == 2 and rows(128, 128, 64, 132) == 2 and rows(8, 512, 64, 132) == 2
-    assert rows(4, 512, 64, 132) == 1  # 256 chains: one row a thread measured faster
-    assert rows(64, 1, 64, 132) == 1  # a decode row rides along
-    assert rows(960, 127, 64, 132) == 1  # short chunks
-    assert rows(8, 512, 64, 200) == 1  # a bigger GPU needs more chains
-    assert rows(0, 0, 64, 132) == 1
+    deep; a decode row in the call, short chunks or few slots keep one row a thread. Twelve chains
+    an SM or more take the two rows straight to registers."""
+    launch = wkv_dispatch.LAYOUT.launch
+    assert launch(64, 512, 64, 132) == (2, True) and launch(128, 128, 64, 132) == (2, True)
+    assert launch(8, 512, 64, 132) == (2, False)  # 512 chains: the tile measured faster
+    assert launch(24, 512, 64, 132) == (2, False) and launch(25, 512, 64, 132) == (2, True)  # 1,584 chains
+    assert launch(4, 512, 64, 132) == (1, False)  # 256 chains: one row a thread measured faster
+    assert launch(64, 1, 64, 132) == (1, False)  # a decode row rides along
+    assert launch(960, 127, 64, 132) == (1, False)  # short chunks
+    assert launch(8, 512, 64, 200) == (1, False)  # a bigger GPU needs more chains
+    assert launch(0, 0, 64, 132) == (1, False)
 
 
 def test_the_dispatch_passes_the_layout_to_the_sequential_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
     """On the CPU the op gets one row a thread whatever the call's lengths (the rule needs a GPU's
     SM count; test_cuda_kernels checks that a CUDA call gets the rule's answer), and the batch
     knows its shortest slot. The twin stands in for the op."""
-    seen: list[int] = []
+    seen: list[tuple[object, ...]] = []
 
     def recording(*args: object) -> torch.Tensor:
-        seen.append(args[-1])  # type: ignore[arg-type]
+        seen.append(args[-2:])
         return ops.wkv7_torch(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ops, "wkv7", recording)
@@ -239,7 +242,7 @@ def test_the_dispatch_passes_the_layout_to_the_sequential_kernel(monkeypatch: py
     batch = ops.FlatBatch.build([2, 0], lengths, torch.device("cpu"))
     assert batch.shortest == 130
     wkv_dispatch.wkv7(state, batch, *inputs)
-    assert seen == [1]
+    assert seen == [(1, False)]
 
 
 def test_the_memory_plans_scratch_bound_covers_what_the_kernel_allocates() -> None:

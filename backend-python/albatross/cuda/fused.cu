@@ -583,17 +583,18 @@ __device__ __forceinline__ void fetch8_async(T* smem, const T* gmem) {
 enum StepVec { kW, kA, kB, kK, kV, kY, kR, kG, kRK, kLW, kLB, kStepVecs };
 
 // 1 row a block (fp32 states): 12 blocks an SM by registers, 78-80 with 16-bit activations, no
-// spills (16, the decode kernel's, spilled prep8's arrays). 2 rows (16-bit states): 87-88
-// registers, no spills, 9 blocks an SM by shared memory (23.8 KiB a block).
+// spills (16, the decode kernel's, spilled prep8's arrays). 2 rows (16-bit states): 10 blocks an
+// SM by shared memory with 16-bit activations (21.25 KiB a block: two unpadded tiles), registers
+// held to 102 by the bound.
 template <typename T, typename state_t, int kItems>
-__global__ void __launch_bounds__(N, kItems == 1 ? 12 : 9) wkv_decode_step_kernel(const StepArgs<T> p, state_t* __restrict__ state,
+__global__ void __launch_bounds__(N, kItems == 1 ? 12 : 10) wkv_decode_step_kernel(const StepArgs<T> p, state_t* __restrict__ state,
                                                                                   const int* __restrict__ slot_idx) {
   allow_dependents_to_launch();
   constexpr int kLanes = kHead / kVec;  // lanes of warp 0 per row
   const int h = blockIdx.y, i = threadIdx.x, s0 = blockIdx.x * kItems;
   const int items = min(kItems, p.rows - s0);  // the same for the whole block
   const PrepArgs<T>& q = p.prep;
-  __shared__ __align__(16) state_t tile[kItems][N * DecodeTile<state_t>::ROW];
+  __shared__ __align__(16) state_t tile[kItems][DecodeTile<state_t>::ENTRIES];
   __shared__ __align__(16) float vec[kItems][5][N];
   __shared__ __align__(16) T io[kItems][kStepVecs][N];
 

@@ -5,7 +5,9 @@
 // the caller asks (`rows_per_thread`, see wkv7_rows_kernel). A thread keeps its rows of 64 key
 // entries in registers for the whole chunk, so the two row reductions of a step (S @ a and S @ r)
 // are thread-local and a step needs a single barrier (double-buffered per-token vectors).
-// The state tile is staged through shared memory so that global loads and stores are coalesced.
+// The state tile is staged through shared memory so that global loads and stores are coalesced,
+// or, at two rows a thread when the caller asks (`direct_rows`), each thread loads and stores its
+// own rows straight to and from its registers, which lets more blocks share an SM.
 // Per token:  S = S * exp(-exp(w))[None, :] + (S @ a)[:, None] * b[None, :] + v[:, None] * k[None, :]
 //             y = S @ r
 // Math is fp32; the state is stored as fp32 (default) or 16-bit, the activations in any float type.
@@ -59,8 +61,48 @@ __device__ __forceinline__ void store_tile_by(state_t* __restrict__ dst, float (
 // with two independent rows of FMAs a thread, but a (slot, head) has half the threads. Each row's
 // arithmetic is the same in the same order, so results are bit-identical across ROWS. The caller
 // picks ROWS (`rows_per_thread`; albatross/wkv_dispatch.py says when 2 pays).
-template <typename act_t, typename state_t, int ROWS>
-__global__ void __launch_bounds__(N / ROWS) wkv7_rows_kernel(state_t* __restrict__ state, const int* __restrict__ slot_idx,
+// A thread's own state rows straight between global memory and its registers (16-byte loads of
+// whole rows): no staging tile in shared memory, whose 16.6 KB limited an SM to 11 blocks. Each
+// load touches a different row, so it pays only when many blocks share an SM (wkv_dispatch.py).
+template <typename state_t>
+__device__ __forceinline__ void load_row(const state_t* __restrict__ src, float (&row)[N]) {
+  constexpr int VEC = 16 / sizeof(state_t);
+  const uint4* vsrc = reinterpret_cast<const uint4*>(src);
+#pragma unroll
+  for (int c = 0; c < N / VEC; ++c) {
+    const uint4 raw = vsrc[c];
+    const state_t* vals = reinterpret_cast<const state_t*>(&raw);
+#pragma unroll
+    for (int q = 0; q < VEC; ++q) row[c * VEC + q] = to_float(vals[q]);
+  }
+}
+
+template <typename state_t>
+__device__ __forceinline__ void store_row(state_t* __restrict__ dst, const float (&row)[N]) {
+  constexpr int VEC = 16 / sizeof(state_t);
+  uint4* vdst = reinterpret_cast<uint4*>(dst);
+#pragma unroll
+  for (int c = 0; c < N / VEC; ++c) {
+    uint4 raw;
+    state_t* vals = reinterpret_cast<state_t*>(&raw);
+#pragma unroll
+    for (int q = 0; q < VEC; ++q) vals[q] = from_float<state_t>(row[c * VEC + q]);
+    vdst[c] = raw;
+  }
+}
+
+// Blocks an SM the register budget is cut for, with DIRECT rows (two rows a thread only: one row
+// direct lost to the tile wherever two rows direct did not win, docs/performance.md "Session 19"):
+// ptxas fits ROWS = 2 (one warp a block) in 168 registers without spills, 12 warps an SM instead
+// of 10.
+template <int ROWS, bool DIRECT>
+constexpr int rows_min_blocks() {
+  static_assert(!DIRECT || ROWS == 2, "direct rows are built for two rows a thread");
+  return DIRECT ? 12 : 1;
+}
+
+template <typename act_t, typename state_t, int ROWS, bool DIRECT>
+__global__ void __launch_bounds__(N / ROWS, (rows_min_blocks<ROWS, DIRECT>())) wkv7_rows_kernel(state_t* __restrict__ state, const int* __restrict__ slot_idx,
                                                             const int* __restrict__ cu_seqlens, const WkvInputs<act_t> in,
                                                             act_t* __restrict__ y, const int64_t y_stride, const int H) {
   constexpr int T = N / ROWS;  // threads; thread x owns rows x, x + T, ...
@@ -69,16 +111,21 @@ __global__ void __launch_bounds__(N / ROWS) wkv7_rows_kernel(state_t* __restrict
   if (t1 <= t0) return;
   state_t* S = state + ((int64_t)slot_idx[s] * H + h) * (N * N);
 
-  __shared__ float tile[N][N + 1];                 // +1: row reads by different threads hit different banks
+  __shared__ float tile[DIRECT ? 1 : N][N + 1];    // +1: row reads by different threads hit different banks
   __shared__ __align__(16) float vec[2][5][N];     // per token: r, decay, k, a, b (double-buffered)
 
-  load_tile_by<state_t, T>(S, tile);
-  __syncthreads();
   float st[ROWS][N];
+  if constexpr (DIRECT) {
 #pragma unroll
-  for (int m = 0; m < ROWS; ++m)
+    for (int m = 0; m < ROWS; ++m) load_row(S + (x + m * T) * N, st[m]);
+  } else {
+    load_tile_by<state_t, T>(S, tile);
+    __syncthreads();
 #pragma unroll
-    for (int j = 0; j < N; ++j) st[m][j] = tile[x + m * T][j];
+    for (int m = 0; m < ROWS; ++m)
+#pragma unroll
+      for (int j = 0; j < N; ++j) st[m][j] = tile[x + m * T][j];
+  }
 
   auto fetch = [&](int t, float (*out)[6]) {
 #pragma unroll
@@ -150,12 +197,17 @@ __global__ void __launch_bounds__(N / ROWS) wkv7_rows_kernel(state_t* __restrict
     buf ^= 1;
   }
 
+  if constexpr (DIRECT) {
 #pragma unroll
-  for (int m = 0; m < ROWS; ++m)
+    for (int m = 0; m < ROWS; ++m) store_row(S + (x + m * T) * N, st[m]);
+  } else {
 #pragma unroll
-    for (int j = 0; j < N; ++j) tile[x + m * T][j] = st[m][j];  // own rows only
-  __syncthreads();
-  store_tile_by<state_t, T>(S, tile);
+    for (int m = 0; m < ROWS; ++m)
+#pragma unroll
+      for (int j = 0; j < N; ++j) tile[x + m * T][j] = st[m][j];  // own rows only
+    __syncthreads();
+    store_tile_by<state_t, T>(S, tile);
+  }
 }
 
 // Decode: one token per slot (row s of the inputs belongs to slot_idx[s]), the pieces of
@@ -167,7 +219,7 @@ __global__ void __launch_bounds__(N, 16) wkv7_decode_kernel(state_t* __restrict_
   const int s = blockIdx.x, h = blockIdx.y, i = threadIdx.x;
   state_t* S = state + ((int64_t)slot_idx[s] * H + h) * (N * N);
 
-  __shared__ __align__(16) state_t tile[N * DecodeTile<state_t>::ROW];
+  __shared__ __align__(16) state_t tile[DecodeTile<state_t>::ENTRIES];
   __shared__ __align__(16) float vec[5][N];  // r, decay, k, a, b
 
   decode_fetch(S, tile, i);
@@ -182,7 +234,7 @@ __global__ void __launch_bounds__(N, 16) wkv7_decode_kernel(state_t* __restrict_
 
 Tensor wkv7_cuda(Tensor state, const Tensor& slot_idx, const Tensor& cu_seqlens, const Tensor& r, const Tensor& w,
                  const Tensor& k, const Tensor& v, const Tensor& a, const Tensor& b, bool single_token,
-                 int64_t rows_per_thread) {
+                 int64_t rows_per_thread, bool direct_rows) {
   check_cuda(state, "state");
   ALBATROSS_CHECK(state.dim() == 4 && state.size(2) == N && state.size(3) == N,
                   "state must be [slots, heads, 64, 64], got ", state.sizes());
@@ -200,6 +252,7 @@ Tensor wkv7_cuda(Tensor state, const Tensor& slot_idx, const Tensor& cu_seqlens,
   ALBATROSS_CHECK(!single_token || T == S, "single_token needs one input row per slot, got ", T, " rows for ", S,
                   " slots");
   ALBATROSS_CHECK(rows_per_thread == 1 || rows_per_thread == 2, "rows_per_thread must be 1 or 2, got ", rows_per_thread);
+  ALBATROSS_CHECK(!direct_rows || rows_per_thread == 2, "direct_rows needs rows_per_thread 2");
 
   const DeviceGuard guard(state.get_device_index());
   Tensor y = new_empty(r, {T, C});
@@ -221,12 +274,15 @@ Tensor wkv7_cuda(Tensor state, const Tensor& slot_idx, const Tensor& cu_seqlens,
       } else {
         const int* slots = slot_idx.const_data_ptr<int>();
         const int* cu = cu_seqlens.const_data_ptr<int>();
-        if (rows_per_thread == 2) {
-          wkv7_rows_kernel<act_t, state_t, 2><<<grid, N / 2, 0, stream>>>(state_ptr, slots, cu, in, y_ptr, y.stride(0),
-                                                                           static_cast<int>(H));
+        if (direct_rows) {
+          wkv7_rows_kernel<act_t, state_t, 2, true><<<grid, N / 2, 0, stream>>>(state_ptr, slots, cu, in, y_ptr, y.stride(0),
+                                                                                 static_cast<int>(H));
+        } else if (rows_per_thread == 2) {
+          wkv7_rows_kernel<act_t, state_t, 2, false><<<grid, N / 2, 0, stream>>>(state_ptr, slots, cu, in, y_ptr, y.stride(0),
+                                                                                  static_cast<int>(H));
         } else {
-          wkv7_rows_kernel<act_t, state_t, 1><<<grid, N, 0, stream>>>(state_ptr, slots, cu, in, y_ptr, y.stride(0),
-                                                                       static_cast<int>(H));
+          wkv7_rows_kernel<act_t, state_t, 1, false><<<grid, N, 0, stream>>>(state_ptr, slots, cu, in, y_ptr, y.stride(0),
+                                                                              static_cast<int>(H));
         }
       }
       check_launch();

@@ -7,8 +7,10 @@
 // state's traffic, so it is built for bytes in flight: the whole tile is requested at once with
 // cp.async (no registers held while it is in flight), the tile stays in its storage type in shared
 // memory, and a thread keeps only partial sums, not its row, so many blocks fit on an SM. Rows are
-// padded by 16 bytes: thread i reading 16-byte chunk c of its row i then hits distinct banks
-// within each quarter warp.
+// not padded: 16-byte chunk c of row i sits at chunk c ^ (i % 8) of the row, so thread i reading
+// chunk c of its row i hits distinct banks within each quarter warp, and the tile is exactly the
+// state's N x N entries (a padded 16-bit tile was 1 KB larger, which kept the fused step at 9
+// blocks an SM instead of 10).
 #pragma once
 
 #include "common.cuh"
@@ -44,18 +46,20 @@ __device__ __forceinline__ void cp_async_wait_all() {
 template <typename state_t>
 struct DecodeTile {
   static constexpr int VEC = 16 / sizeof(state_t);  // state entries per 16-byte chunk
-  static constexpr int CHUNKS = N / VEC;            // chunks per row
-  static constexpr int ROW = N + VEC;               // padded row length (entries)
+  static constexpr int CHUNKS = N / VEC;            // chunks per row (8 or 16: the swizzle stays in the row)
+  static constexpr int ENTRIES = N * N;             // the tile's size (entries)
+  // Where chunk `chunk` of row `row` sits in the tile (entries).
+  static __device__ __forceinline__ int at(const int row, const int chunk) { return row * N + (chunk ^ (row & 7)) * VEC; }
 };
 
-// Request the slot's N x N tile S into `tile` (shared, N * ROW entries); the first thing a block does.
+// Request the slot's N x N tile S into `tile` (shared, ENTRIES entries); the first thing a block does.
 template <typename state_t>
 __device__ __forceinline__ void decode_fetch(const state_t* S, state_t* tile, const int i) {
   using D = DecodeTile<state_t>;
 #pragma unroll
   for (int q = 0; q < D::CHUNKS; ++q) {
     const int c = i + N * q;
-    cp_async16(tile + (c / D::CHUNKS) * D::ROW + (c % D::CHUNKS) * D::VEC, S + (int64_t)c * D::VEC);
+    cp_async16(tile + D::at(c / D::CHUNKS, c % D::CHUNKS), S + (int64_t)c * D::VEC);
   }
 }
 
@@ -74,11 +78,10 @@ __device__ __forceinline__ float decode_update(state_t* tile, float (*vec)[N], c
   cp_async_wait_all();
   __syncthreads();
 
-  state_t* row = tile + i * D::ROW;
   float sa[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 2
   for (int c = 0; c < D::CHUNKS; ++c) {
-    const uint4 raw = *reinterpret_cast<const uint4*>(row + c * D::VEC);
+    const uint4 raw = *reinterpret_cast<const uint4*>(tile + D::at(i, c));
     const state_t* vals = reinterpret_cast<const state_t*>(&raw);
 #pragma unroll
     for (int q = 0; q < D::VEC; ++q) sa[q % 4] = fmaf(to_float(vals[q]), vec[3][c * D::VEC + q], sa[q % 4]);
@@ -87,7 +90,7 @@ __device__ __forceinline__ float decode_update(state_t* tile, float (*vec)[N], c
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll 2
   for (int c = 0; c < D::CHUNKS; ++c) {
-    uint4 raw = *reinterpret_cast<const uint4*>(row + c * D::VEC);
+    uint4 raw = *reinterpret_cast<const uint4*>(tile + D::at(i, c));
     state_t* vals = reinterpret_cast<state_t*>(&raw);
 #pragma unroll
     for (int q = 0; q < D::VEC; ++q) {
@@ -96,7 +99,7 @@ __device__ __forceinline__ float decode_update(state_t* tile, float (*vec)[N], c
       acc[q % 4] = fmaf(next, vec[0][j], acc[q % 4]);
       vals[q] = from_float<state_t>(next);
     }
-    *reinterpret_cast<uint4*>(row + c * D::VEC) = raw;  // own row: no other thread reads it before the barrier
+    *reinterpret_cast<uint4*>(tile + D::at(i, c)) = raw;  // own row: no other thread reads it before the barrier
   }
   return (acc[0] + acc[1]) + (acc[2] + acc[3]);
 }
@@ -110,7 +113,7 @@ __device__ __forceinline__ void decode_store(state_t* S, const state_t* tile, co
 #pragma unroll
   for (int q = 0; q < D::CHUNKS; ++q) {
     const int c = i + N * q;
-    __stcs(out + c, *reinterpret_cast<const uint4*>(tile + (c / D::CHUNKS) * D::ROW + (c % D::CHUNKS) * D::VEC));
+    __stcs(out + c, *reinterpret_cast<const uint4*>(tile + D::at(c / D::CHUNKS, c % D::CHUNKS)));
   }
 }
 
