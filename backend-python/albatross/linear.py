@@ -33,9 +33,10 @@ _counters_lock = threading.Lock()
 GEMV_BY_DEFAULT = False  # measured slower than cuBLAS (docs/performance.md, "Split-K GEMV")
 _gemv_allowed = GEMV_BY_DEFAULT  # benchmarks and tests switch the float GEMV on to compare
 _gemv_loaded = False  # latched once the gemv library has registered the op's CUDA kernel
-# Off until a GPU times it: at batch 960 the conversion it saves took 200 us of a 36.2 ms step on
-# an H100 (docs/performance.md, "Session 18"); `bench_model.py --fp32-logits on,off` compares.
-FP32_PRODUCT_OUT_BY_DEFAULT = False
+# The LM head's cuBLAS product writes fp32 instead of a 16-bit result converted by a second
+# kernel. On the H200 (7.2B graph decode, docs/performance.md "Session 19") batch 960 went 28,622
+# -> 28,740 tok/s and batch 1 202 -> 203; `bench_model.py --fp32-logits on,off` compares.
+FP32_PRODUCT_OUT_BY_DEFAULT = True
 _fp32_product_out = FP32_PRODUCT_OUT_BY_DEFAULT  # benchmarks and tests switch it to compare
 
 
