@@ -76,10 +76,10 @@ for lengths in ([512] * 8, [128] * 5 + [1] * 9 + [300, 2], [4096]):
         cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device='cuda')
         slots = torch.randperm(len(lengths), generator=gen, device='cuda').to(torch.int32)
         inputs = _inputs(sum(lengths), 64, torch.float16, gen)
-        for rows in (1, 2):  # each launch shape of the sequential kernel, on a copy of the states
+        for rows, direct in ((1, False), (2, False), (2, True)):  # each launch shape of the sequential kernel, on a copy of the states
             s = state.clone()
-            y = ops.wkv7(s, slots, cu, *inputs, rows_per_thread=rows)
-            out[f'{len(lengths)}x{max(lengths)} {state_dtype} r{rows}'] = (y.cpu(), s.cpu())
+            y = ops.wkv7(s, slots, cu, *inputs, rows_per_thread=rows, direct_rows=direct)
+            out[f'{len(lengths)}x{max(lengths)} {state_dtype} r{rows}' + (' direct' if direct else '')] = (y.cpu(), s.cpu())
 torch.save(out, '/tmp/identity-$value.pt')" 2>&1 | tail -3 | tee -a "$log"
     done
     python3 -c "
