@@ -176,12 +176,28 @@ def wkv7(
         lengths = batch.lengths if cuts is None else tuple(_policy_length(n, c) for n, c in zip(batch.lengths, cuts))
         run = policy.chunked_run(lengths, state.shape[1])
     if run is None and cuts is None:
-        rows, direct = 1, False
-        if state.is_cuda and not batch.single_token:
-            rows, direct = LAYOUT.launch(len(batch.lengths), batch.shortest, state.shape[1], multiprocessors(state.get_device()))
+        rows, direct = _whole_call_launch(state, batch)
         return ops.wkv7(state, batch.slot_idx, batch.cu_seqlens, r, w, k, v, a, b, batch.single_token, rows, direct)
     chunked = _chunked.wkv7_chunked_triton if run is not None else _no_chunked_kernel
     return run_parts(state, _parts(batch, run, cuts), (r, w, k, v, a, b), chunked, ops.wkv7, captures)
+
+
+def _whole_call_launch(state: torch.Tensor, batch: ops.FlatBatch) -> tuple[int, bool]:
+    """(rows_per_thread, direct_rows) of a call that the sequential kernel runs whole."""
+    if state.is_cuda and not batch.single_token:
+        return LAYOUT.launch(len(batch.lengths), batch.shortest, state.shape[1], multiprocessors(state.get_device()))
+    return 1, False
+
+
+def walks_direct(state: torch.Tensor, batch: ops.FlatBatch, policy: ChunkedPolicy | None = None) -> bool:
+    """Whether `wkv7` would run this call (no captures) whole on the sequential kernel at two rows
+    a thread straight in registers: the walk that `ops.wkv_prefill_fused` runs (wkv_decode.py)."""
+    if not state.is_cuda or batch.single_token:
+        return False
+    policy = POLICY if policy is None else policy
+    if chunked_kernel_available() and policy.chunked_run(batch.lengths, state.shape[1]) is not None:
+        return False
+    return _whole_call_launch(state, batch) == (2, True)
 
 
 def check_cuts(cuts: tuple[int, ...], length: int) -> None:

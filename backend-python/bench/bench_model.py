@@ -267,6 +267,9 @@ def main(argv: list[str] | None = None) -> None:
                         "never (off), for every slot of the policy's min_tokens or more (always), or several in turn (on,off,always)")
     parser.add_argument("--wkv-rows", default="auto", help="prefill rows with the sequential kernel's layout as its dispatch picks it (auto), "
                         "one state row a thread always (1), or both (auto,1)")
+    parser.add_argument("--prefill-op", default="on" if wkv_decode.PREFILL_OP_BY_DEFAULT else "off",
+                        help="prefill with the CUDA wkv_prefill_fused op where it applies (on: prep, the WKV walk and the gated "
+                        "group norm in one launch for calls of many chunks, bit-identical to them), without (off), or both (on,off)")
     parser.add_argument("--gemv", default="on" if linear.GEMV_BY_DEFAULT else "off", help="graph decode with the GEMV kernel for 1-4 rows (on), cuBLAS (off), or both")
     parser.add_argument("--fused-lora", default="on" if loras.FUSED_BY_DEFAULT else "off", help="the fp16-state graph decode rows with the fused LoRA kernels for "
                         "1-4 rows (on; albatross/lora_triton.py), the eager LoRAs (off), or both (on,off)")
@@ -318,11 +321,15 @@ def main(argv: list[str] | None = None) -> None:
                     if rows not in layouts:
                         raise SystemExit(f"--wkv-rows takes auto and 1; got {rows!r}")
                     wkv_dispatch.LAYOUT = layouts[rows]
-                    for prompts, length in ((1, 4096), (64, 512)):
-                        result = bench_prefill(model, pool, prompts, length, args.shape, args.prefill_chunk)
-                        result.note += ", " + wkv_notes[setting] + ("" if rows == "auto" else ", one state row a thread")
-                        results.append(result)
-                        print(asdict(result), flush=True)
+                    for prefill_op in on_off_settings(args.prefill_op):
+                        wkv_decode.set_prefill_op_allowed(prefill_op)
+                        for prompts, length in ((1, 4096), (64, 512)):
+                            result = bench_prefill(model, pool, prompts, length, args.shape, args.prefill_chunk)
+                            result.note += ", " + wkv_notes[setting] + ("" if rows == "auto" else ", one state row a thread")
+                            result.note += ", wkv_prefill_fused where it applies" if prefill_op else ""
+                            results.append(result)
+                            print(asdict(result), flush=True)
+                    wkv_decode.set_prefill_op_allowed(wkv_decode.PREFILL_OP_BY_DEFAULT)
             wkv_dispatch.POLICY = wkv_dispatch.DEFAULT_POLICY
             wkv_dispatch.LAYOUT = layouts["auto"]
             for gemv in on_off_settings(args.gemv) if graph_batches else ():

@@ -12,7 +12,7 @@
 //             y = S @ r
 // Math is fp32; the state is stored as fp32 (default) or 16-bit, the activations in any float type.
 
-#include "wkv_decode.cuh"
+#include "wkv_rows.cuh"
 
 namespace albatross {
 namespace {
@@ -61,35 +61,11 @@ __device__ __forceinline__ void store_tile_by(state_t* __restrict__ dst, float (
 // with two independent rows of FMAs a thread, but a (slot, head) has half the threads. Each row's
 // arithmetic is the same in the same order, so results are bit-identical across ROWS. The caller
 // picks ROWS (`rows_per_thread`; albatross/wkv_dispatch.py says when 2 pays).
-// A thread's own state rows straight between global memory and its registers (16-byte loads of
-// whole rows): no staging tile in shared memory, whose 16.6 KB limited an SM to 11 blocks. Each
-// load touches a different row, so it pays only when many blocks share an SM (wkv_dispatch.py).
-template <typename state_t>
-__device__ __forceinline__ void load_row(const state_t* __restrict__ src, float (&row)[N]) {
-  constexpr int VEC = 16 / sizeof(state_t);
-  const uint4* vsrc = reinterpret_cast<const uint4*>(src);
-#pragma unroll
-  for (int c = 0; c < N / VEC; ++c) {
-    const uint4 raw = vsrc[c];
-    const state_t* vals = reinterpret_cast<const state_t*>(&raw);
-#pragma unroll
-    for (int q = 0; q < VEC; ++q) row[c * VEC + q] = to_float(vals[q]);
-  }
-}
-
-template <typename state_t>
-__device__ __forceinline__ void store_row(state_t* __restrict__ dst, const float (&row)[N]) {
-  constexpr int VEC = 16 / sizeof(state_t);
-  uint4* vdst = reinterpret_cast<uint4*>(dst);
-#pragma unroll
-  for (int c = 0; c < N / VEC; ++c) {
-    uint4 raw;
-    state_t* vals = reinterpret_cast<state_t*>(&raw);
-#pragma unroll
-    for (int q = 0; q < VEC; ++q) vals[q] = from_float<state_t>(row[c * VEC + q]);
-    vdst[c] = raw;
-  }
-}
+// With DIRECT rows, a thread's own state rows go straight between global memory and its registers
+// (wkv_rows.cuh's load_row and store_row, 16-byte loads of whole rows): no staging tile in shared
+// memory, whose 16.6 KB limited an SM to 11 blocks. Each load touches a different row, so it pays
+// only when many blocks share an SM (wkv_dispatch.py). The token's arithmetic is rows_step
+// (wkv_rows.cuh), which wkv_prefill_fused_kernel (fused.cu) runs too.
 
 // Blocks an SM the register budget is cut for, with DIRECT rows (two rows a thread only: one row
 // direct lost to the tile wherever two rows direct did not win, docs/performance.md "Session 19"):
@@ -151,49 +127,10 @@ __global__ void __launch_bounds__(N / ROWS, (rows_min_blocks<ROWS, DIRECT>())) w
     if (t + 1 < t1) fetch(t + 1, next);  // in flight while this token computes
     __syncthreads();
 
-    const float4* R = reinterpret_cast<const float4*>(vec[buf][0]);
-    const float4* D = reinterpret_cast<const float4*>(vec[buf][1]);
-    const float4* K = reinterpret_cast<const float4*>(vec[buf][2]);
-    const float4* A = reinterpret_cast<const float4*>(vec[buf][3]);
-    const float4* B = reinterpret_cast<const float4*>(vec[buf][4]);
-    float sa[ROWS][4];
+    float yv[ROWS];
+    rows_step<ROWS>(st, vec[buf], vi, yv);
 #pragma unroll
-    for (int m = 0; m < ROWS; ++m) sa[m][0] = sa[m][1] = sa[m][2] = sa[m][3] = 0.f;
-#pragma unroll
-    for (int j = 0; j < N / 4; ++j) {
-      const float4 av = A[j];
-#pragma unroll
-      for (int m = 0; m < ROWS; ++m) {
-        sa[m][0] = fmaf(st[m][4 * j + 0], av.x, sa[m][0]);
-        sa[m][1] = fmaf(st[m][4 * j + 1], av.y, sa[m][1]);
-        sa[m][2] = fmaf(st[m][4 * j + 2], av.z, sa[m][2]);
-        sa[m][3] = fmaf(st[m][4 * j + 3], av.w, sa[m][3]);
-      }
-    }
-    float sav[ROWS], acc[ROWS][4];
-#pragma unroll
-    for (int m = 0; m < ROWS; ++m) {
-      sav[m] = (sa[m][0] + sa[m][1]) + (sa[m][2] + sa[m][3]);
-      acc[m][0] = acc[m][1] = acc[m][2] = acc[m][3] = 0.f;
-    }
-#pragma unroll
-    for (int j = 0; j < N / 4; ++j) {
-      const float4 dv = D[j], bv = B[j], kv = K[j], rv = R[j];
-#pragma unroll
-      for (int m = 0; m < ROWS; ++m) {
-        st[m][4 * j + 0] = update(st[m][4 * j + 0], dv.x, sav[m], bv.x, vi[m], kv.x);
-        st[m][4 * j + 1] = update(st[m][4 * j + 1], dv.y, sav[m], bv.y, vi[m], kv.y);
-        st[m][4 * j + 2] = update(st[m][4 * j + 2], dv.z, sav[m], bv.z, vi[m], kv.z);
-        st[m][4 * j + 3] = update(st[m][4 * j + 3], dv.w, sav[m], bv.w, vi[m], kv.w);
-        acc[m][0] = fmaf(st[m][4 * j + 0], rv.x, acc[m][0]);
-        acc[m][1] = fmaf(st[m][4 * j + 1], rv.y, acc[m][1]);
-        acc[m][2] = fmaf(st[m][4 * j + 2], rv.z, acc[m][2]);
-        acc[m][3] = fmaf(st[m][4 * j + 3], rv.w, acc[m][3]);
-      }
-    }
-#pragma unroll
-    for (int m = 0; m < ROWS; ++m)
-      y[(int64_t)t * y_stride + h * N + x + m * T] = from_float<act_t>((acc[m][0] + acc[m][1]) + (acc[m][2] + acc[m][3]));
+    for (int m = 0; m < ROWS; ++m) y[(int64_t)t * y_stride + h * N + x + m * T] = from_float<act_t>(yv[m]);
     buf ^= 1;
   }
 
