@@ -345,15 +345,16 @@ class RWKV7:
         collects the states of `forward_saving`."""
         x = self.emb.index_select(0, token_ids)
         v_first = x  # replaced by block 0's value before any use
-        # Each block's channel-mix output is added to x by the next residual layer norm (in place).
+        # Each block's channel-mix output is added to x by the next residual layer norm (x is the
+        # residual it returns: the same tensor updated in place, or a new one).
         pending: torch.Tensor | None = None
         for index, layer in enumerate(self.layers):
             att_shift, ffn_shift, wkv = pool.layer(index)
-            mixes = norm_mix.norm_mix(x, pending, layer.ln1_weight, layer.ln1_bias, att_shift, batch, layer.att_mix)
+            x, mixes = norm_mix.norm_mix(x, pending, layer.ln1_weight, layer.ln1_bias, att_shift, batch, layer.att_mix)
             if captures is not None:  # x is now the block's input: its norm is the token shift's state
                 captures.att_shift[index] = ops.add_layer_norm(x.index_select(0, captures.rows), None, layer.ln1_weight, layer.ln1_bias)
             out, v_first = self._time_mix(index, layer, mixes, v_first, wkv, batch, captures)
-            xk = norm_mix.norm_mix(x, out, layer.ln2_weight, layer.ln2_bias, ffn_shift, batch, layer.ffn_mix)
+            x, xk = norm_mix.norm_mix(x, out, layer.ln2_weight, layer.ln2_bias, ffn_shift, batch, layer.ffn_mix)
             if captures is not None:
                 captures.ffn_shift[index] = ops.add_layer_norm(x.index_select(0, captures.rows), None, layer.ln2_weight, layer.ln2_bias)
             pending = self._channel_mix(layer, xk)

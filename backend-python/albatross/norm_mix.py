@@ -1,7 +1,7 @@
 """A block's residual layer norm followed by its token-shift mixes: `add_layer_norm` then
-`shift_mix` (albatross/ops.py), or one of two one-launch forms of the same for decode rows (each
-row one slot's single token), where both kernels are launch-bound at batch 1 (128 launches a
-7.2B step):
+`shift_mix` (albatross/ops.py), or a one-launch form of the same: `ops.norm_mix_rows` for calls
+with prompt chunks (below), or one of two for decode rows (each row one slot's single token),
+where both kernels are launch-bound at batch 1 (128 launches a 7.2B step):
 
 - `ops.norm_mix_decode`, the CUDA kernel (fused.cu) that runs the two kernels' own device code in
   one block per row: bit-identical to them, so it may serve every decode batch size without making
@@ -21,6 +21,13 @@ the same row in a batch of 5 or more (as accurate against fp32, other fp16 round
 both on, the GPU test that a seeded request samples the same tokens alone and in a crowd failed
 once in three engine modes: the API promises the same output whatever else runs. The CUDA form
 is the way to have both.
+
+`ops.norm_mix_rows` (fused.cu) takes the other calls on a GPU (rows of prompt chunks, with
+decode rows riding along): the two kernels' device code in one launch, bit-identical to them,
+which writes the new residual to a new tensor instead of x (its blocks read rows that others
+update). It saves the normed rows' round trip through memory: 19 row vectors of a 7.2B block's
+two norms become 13. Off by default (`set_rows_op_allowed`) until a GPU shows it pays
+(`bench/bench_model.py --norm-rows-op on,off`).
 """
 
 from __future__ import annotations
@@ -34,6 +41,8 @@ FUSED_BY_DEFAULT = False
 _PATH = TritonPath(FUSED_BY_DEFAULT)
 OP_BY_DEFAULT = True
 _OP = ops.CudaOpSwitch("norm_mix_decode", OP_BY_DEFAULT)
+ROWS_OP_BY_DEFAULT = False
+_ROWS_OP = ops.CudaOpSwitch("norm_mix_rows", ROWS_OP_BY_DEFAULT)
 _VEC = 8  # channels a thread moves in one 16-byte access
 _MAX_C = 8192  # a row in registers: add_layer_norm's limit
 
@@ -43,11 +52,26 @@ def set_op_allowed(allowed: bool) -> None:
     _OP.set_allowed(allowed)
 
 
+def set_rows_op_allowed(allowed: bool) -> None:
+    """Let calls with prompt chunks on a GPU take the CUDA `norm_mix_rows` op (benchmarks and tests compare)."""
+    _ROWS_OP.set_allowed(allowed)
+
+
 def op_applies(x: torch.Tensor, delta: torch.Tensor | None, operands: tuple[torch.Tensor, ...], batch: ops.FlatBatch) -> bool:
     """A decode step on a GPU whose fused library registered the op, with rows the two ops would
     give their vectorised kernels (so the op matches those): C a multiple of 8 up to 8192, and
     x, delta and `operands` (weight, bias, shift state, coefficients) 16-byte aligned."""
-    if not (batch.single_token and x.is_cuda and x.shape[1] % _VEC == 0 and x.shape[1] <= _MAX_C and _OP.usable()):
+    return batch.single_token and _vector_rows(x, delta, operands) and _OP.usable()
+
+
+def rows_op_applies(x: torch.Tensor, delta: torch.Tensor | None, operands: tuple[torch.Tensor, ...], batch: ops.FlatBatch) -> bool:
+    """A call with prompt chunks on a GPU whose fused library registered the op, with a residual
+    to add (the op writes the sum out of place) and rows as `op_applies` asks."""
+    return not batch.single_token and delta is not None and _vector_rows(x, delta, operands) and _ROWS_OP.usable()
+
+
+def _vector_rows(x: torch.Tensor, delta: torch.Tensor | None, operands: tuple[torch.Tensor, ...]) -> bool:
+    if not (x.is_cuda and x.shape[1] % _VEC == 0 and x.shape[1] <= _MAX_C):
         return False
     shift = operands[2]
     aligned = all(t.data_ptr() % 16 == 0 for t in (x, *operands, *((delta,) if delta is not None else ())))
@@ -71,17 +95,22 @@ def norm_mix(
     shift_state: torch.Tensor,
     batch: ops.FlatBatch,
     coefficients: torch.Tensor,
-) -> torch.Tensor:
-    """`x += delta` in place (when given), then the token-shift mixes of `layer_norm(x)`:
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The new residual `x + delta` (when given) and the token-shift mixes of its layer norm:
     `[K, T, C]` for coefficients `[K, C]`, `[T, C]` for a vector; each slot's shift vector becomes
-    its last row's norm."""
-    if op_applies(x, delta, (weight, bias, shift_state, coefficients), batch):
-        return ops.norm_mix_decode(x, delta, weight, bias, shift_state, batch.slot_idx, coefficients, ops.LAYER_NORM_EPS)
+    its last row's norm. The residual is x itself, updated in place, or a new tensor
+    (`norm_mix_rows`); the caller goes on with the one returned."""
+    operands = (weight, bias, shift_state, coefficients)
+    if op_applies(x, delta, operands, batch):
+        return x, ops.norm_mix_decode(x, delta, weight, bias, shift_state, batch.slot_idx, coefficients, ops.LAYER_NORM_EPS)
+    if delta is not None and rows_op_applies(x, delta, operands, batch):
+        x_new, mixes = ops.norm_mix_rows(x, delta, weight, bias, shift_state, batch.slot_idx, batch.cu_seqlens, coefficients, ops.LAYER_NORM_EPS)
+        return x_new, mixes
     if fused_applies(x, batch):
         from albatross import norm_mix_triton
 
-        return norm_mix_triton.norm_mix(x, delta, weight, bias, shift_state, batch.slot_idx, coefficients, ops.LAYER_NORM_EPS)
-    return norm_mix_torch(x, delta, weight, bias, shift_state, batch, coefficients)
+        return x, norm_mix_triton.norm_mix(x, delta, weight, bias, shift_state, batch.slot_idx, coefficients, ops.LAYER_NORM_EPS)
+    return x, norm_mix_torch(x, delta, weight, bias, shift_state, batch, coefficients)
 
 
 def norm_mix_torch(

@@ -262,6 +262,32 @@ norm_mix_decode = _declare(
 )
 
 
+def norm_mix_rows_torch(
+    x: torch.Tensor,
+    delta: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor,
+    shift_state: torch.Tensor,
+    slot_idx: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    coefficients: torch.Tensor,
+    eps: float = LAYER_NORM_EPS,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """`add_layer_norm` then `shift_mix` for the rows of a flat batch, with the residual out of
+    place: returns `(x + delta, mixes)` and leaves x as it is, as the CUDA kernel computes them in
+    one launch (bit-identical to the two ops' kernels)."""
+    x = x.clone()
+    h = add_layer_norm(x, delta, weight, bias, eps)
+    return x, shift_mix(h, shift_state, slot_idx, cu_seqlens, coefficients)
+
+
+norm_mix_rows = _declare(
+    "norm_mix_rows(Tensor x, Tensor delta, Tensor weight, Tensor bias, Tensor(a!) shift_state, Tensor slot_idx, "
+    f"Tensor cu_seqlens, Tensor coefficients, float eps={LAYER_NORM_EPS}) -> (Tensor, Tensor)",
+    norm_mix_rows_torch,
+)
+
+
 def wkv_prep_torch(
     k: torch.Tensor,
     v: torch.Tensor,

@@ -44,11 +44,14 @@ def _run(operands: dict[str, object], fused: bool) -> tuple[torch.Tensor, torch.
     x = operands["x"].clone()  # type: ignore[attr-defined]
     shift = operands["shift_state"].clone()  # type: ignore[attr-defined]
     args = (operands["delta"], operands["weight"], operands["bias"], shift, operands["batch"], operands["coefficients"])
-    run = norm_mix.norm_mix if fused else norm_mix.norm_mix_torch
     norm_mix.set_fused_allowed(fused)
     try:
         assert norm_mix.fused_applies(x, operands["batch"]) == fused  # type: ignore[arg-type]
-        out = run(x, *args)  # type: ignore[arg-type]
+        if fused:
+            residual, out = norm_mix.norm_mix(x, *args)  # type: ignore[arg-type]
+            assert residual is x, "the Triton form updates x in place"
+        else:
+            out = norm_mix.norm_mix_torch(x, *args)  # type: ignore[arg-type]
     finally:
         norm_mix.set_fused_allowed(norm_mix.FUSED_BY_DEFAULT)
     return out, x, shift
@@ -82,7 +85,7 @@ def test_results_are_deterministic_and_replay_from_a_cuda_graph() -> None:
         assert all(torch.equal(a, b) for a, b in zip(again, first))
 
     def op(o: dict[str, object]) -> torch.Tensor:
-        return norm_mix.norm_mix(o["x"], o["delta"], o["weight"], o["bias"], o["shift_state"], o["batch"], o["coefficients"])  # type: ignore[arg-type]
+        return norm_mix.norm_mix(o["x"], o["delta"], o["weight"], o["bias"], o["shift_state"], o["batch"], o["coefficients"])[1]  # type: ignore[arg-type]
 
     norm_mix.set_fused_allowed(True)
     try:

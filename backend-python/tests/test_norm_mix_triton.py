@@ -67,7 +67,8 @@ def test_the_dispatch_gives_the_two_ops_result_on_the_cpu() -> None:
     want_x, want_shift = x.clone(), shift.clone()
     h = ops.add_layer_norm(want_x, delta, weight, bias)
     want = ops.shift_mix(h, want_shift, batch.slot_idx, batch.cu_seqlens, coefficients)
-    got = norm_mix.norm_mix(x, delta, weight, bias, shift, batch, coefficients)
+    residual, got = norm_mix.norm_mix(x, delta, weight, bias, shift, batch, coefficients)
+    assert residual is x, "on the CPU the residual is updated in place"
     assert torch.equal(got, want) and torch.equal(x, want_x) and torch.equal(shift, want_shift)
     assert torch.equal(shift[1], h[1]) and torch.equal(shift[3], h[0]), "each slot keeps its row's norm"
 

@@ -69,6 +69,10 @@ def _cases(gen: torch.Generator) -> dict[str, list[tuple[tuple[object, ...], tup
             ((x[:3], delta[:3], weight, bias, _randn(gen, 4, C), slots, _randn(gen, 6, C)), (0, 4)),
             ((x[:3], None, weight, bias, _randn(gen, 4, C), slots, w0), (0, 4)),
         ],
+        "norm_mix_rows": [
+            ((x, delta, weight, bias, _randn(gen, 4, C), slots, cu, _randn(gen, 6, C)), (4,)),
+            ((x, delta, weight, bias, _randn(gen, 4, C), slots, cu, w0), (4,)),
+        ],
         "wkv_prep": [
             ((k, v, w_lora, a_lora, None, None, w0, a0, None, k_k, k_a), (0, 1)),
             ((k, v, w_lora, a_lora, v_lora, v_first, w0, a0, v0, k_k, k_a), (0, 1)),

@@ -6,6 +6,7 @@
 //                    (8 channels per access when C is a multiple of 8 and the rows are aligned)
 //   shift_mix        token shift + K lerp mixes, shift vectors updated in place   one thread per (row, 8 channels)
 //   norm_mix_decode  add_layer_norm + shift_mix for decode rows, one launch        one block per row
+//   norm_mix_rows    the same for prompt chunks, the residual out of place          one block per 4 rows
 //   wkv_prep         k/v/w/a/b of the WKV op from the matmul and LoRA outputs     8 lanes per (row, head)
 //   gn_bonus_gate    (group_norm(y) + bonus) * g                                  8 lanes per (row, head)
 //   wkv_decode_step  wkv_prep + the WKV decode step + gn_bonus_gate in one launch one block per (row, head)
@@ -147,14 +148,15 @@ __global__ void __launch_bounds__(kThreads)
 // The same with 16-byte accesses, 8 channels at a time, when C is a multiple of 8 and every
 // pointer is aligned (the model's rows always are): a quarter of the memory instructions of the
 // per-channel loop. At batch 1 on the H200 that loop took 6.2 us a call, 65 calls a 7.2B step.
-// The row's work is norm_row8, which norm_mix_decode_kernel runs too: `emit(c, out)` receives the
-// norm of channels c..c+7 before its rounding to T, for each of the thread's groups within C.
-// Every thread of the block must call it (block sums).
-template <typename T, typename Emit>
-__device__ __forceinline__ void norm_row8(T* __restrict__ x, const T* __restrict__ delta, const T* __restrict__ weight,
-                                          const T* __restrict__ bias, const int C, const float eps, float* scratch,
-                                          const int64_t base, Emit&& emit) {
-  constexpr int kGroups = kRowRegs / kVec;
+// The row's work is norm_row8, which norm_mix_decode_kernel and norm_mix_rows_kernel run too:
+// `emit(g, c, out)` receives the norm of channels c..c+7 (the thread's group g) before its rounding
+// to T, for each of the thread's groups within C. The new residual goes to x in place, or with kOutOfPlace to x_out
+// (nowhere when null; x is then only read). Every thread of the block must call it (block sums).
+template <bool kOutOfPlace, int kGroups = kRowRegs / kVec, typename T, typename Emit>
+__device__ __forceinline__ void norm_row8(T* __restrict__ x, T* __restrict__ x_out, const T* __restrict__ delta,
+                                          const T* __restrict__ weight, const T* __restrict__ bias, const int C,
+                                          const float eps, float* scratch, const int64_t base, Emit&& emit) {
+  static_assert(kGroups >= 1 && kGroups <= kRowRegs / kVec, "a row's groups of 8 channels a thread: C <= kThreads * kRowRegs");
   float vals[kGroups][kVec];
   float sum = 0.f;
   // Every group's x and delta are read before the first group's residual is stored (a later
@@ -179,7 +181,11 @@ __device__ __forceinline__ void norm_row8(T* __restrict__ x, const T* __restrict
         // Round the new residual to the activation dtype first: the norm sees what is stored.
 #pragma unroll
         for (int q = 0; q < kVec; ++q) vals[g][q] = to_float(from_float<T>(vals[g][q] + d[q]));
-        store8(x + base + c, vals[g]);
+        if constexpr (!kOutOfPlace) {
+          store8(x + base + c, vals[g]);
+        } else if (x_out != nullptr) {
+          store8(x_out + base + c, vals[g]);
+        }
       }
     } else {
 #pragma unroll
@@ -207,7 +213,7 @@ __device__ __forceinline__ void norm_row8(T* __restrict__ x, const T* __restrict
       load8(bias + c, b);
 #pragma unroll
       for (int q = 0; q < kVec; ++q) out[q] = (vals[g][q] - mean) * rstd * w[q] + b[q];
-      emit(c, out);
+      emit(g, c, out);
     }
   }
 }
@@ -219,7 +225,7 @@ __global__ void __launch_bounds__(kThreads)
   allow_dependents_to_launch();
   __shared__ float scratch[kThreads / 32];
   const int64_t base = (int64_t)blockIdx.x * C;
-  norm_row8(x, delta, weight, bias, C, eps, scratch, base, [&](const int c, const float (&out)[kVec]) { store8(h + base + c, out); });
+  norm_row8<false>(x, static_cast<T*>(nullptr), delta, weight, bias, C, eps, scratch, base, [&](int, const int c, const float (&out)[kVec]) { store8(h + base + c, out); });
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -332,7 +338,7 @@ __global__ void __launch_bounds__(kThreads)
       for (int q = 0; q < K; ++q) prefetch_l2(coef + (int64_t)q * C + c);
     }
   }
-  norm_row8(x, delta, weight, bias, C, eps, scratch, base, [&](const int c, const float (&h)[kVec]) {
+  norm_row8<false>(x, static_cast<T*>(nullptr), delta, weight, bias, C, eps, scratch, base, [&](int, const int c, const float (&h)[kVec]) {
     float xv[kVec], prev[kVec];
 #pragma unroll
     for (int q = 0; q < kVec; ++q) xv[q] = to_float(from_float<T>(h[q]));
@@ -340,6 +346,80 @@ __global__ void __launch_bounds__(kThreads)
     mix8(xv, prev, coef, K, out, rows, t, C, c);
     store8(saved + c, h);  // rounds h as add_layer_norm stored it: the slot's newest row
   });
+}
+
+// ---------------------------------------------------------------------------------------------
+// norm_mix_rows: add_layer_norm then shift_mix for the rows of prompt chunks, in one launch, the
+// residual written out of place. One block walks kNormRows consecutive rows of the call in order,
+// each thread on the same channel groups of every row, so a row's token-shift predecessor (the
+// previous row's norm) is still in the thread's registers; only a block's first row, unless it
+// starts its slot, recomputes its predecessor's norm from that row's x and delta. That is why the
+// residual goes out of place: another block may read a row's x and delta while this one writes
+// the row's new residual. A slot's first row reads the slot's saved shift vector from a copy
+// gathered before the launch (shift_first), because the block of its last row overwrites it.
+//
+// Why so: a 7.2B block's two norms move 19 [rows, C] vectors through memory in the two ops (add
+// and norm: x and delta in, x and h out; shift and mix: h in, K mixes out, K = 6 and 1) and 13
+// here (x and delta in, the new x and the K mixes out). Each piece is norm_row8 and mix8, on h
+// rounded to T as add_layer_norm stores it, so outputs and shift vectors are bit-identical to
+// the two ops.
+
+constexpr int kNormRows = 4;  // rows a block walks
+
+template <typename T>
+__global__ void __launch_bounds__(kThreads)
+    gather_rows_kernel(const T* __restrict__ src, const int64_t src_stride, const int* __restrict__ index,
+                       T* __restrict__ dst, const int C) {
+  allow_dependents_to_launch();
+  const int64_t row = blockIdx.x;
+  const T* from = src + (int64_t)index[row] * src_stride;
+  for (int c = threadIdx.x * kVec; c < C; c += kThreads * kVec) {
+    float f[kVec];
+    load8(from + c, f);
+    store8(dst + row * C + c, f);  // exact: a value of T converts to float and back unchanged
+  }
+}
+
+// kGroups: the channel groups of 8 a thread holds, the fewest that cover C (the registers of a
+// row and its predecessor are what limit the blocks an SM).
+template <typename T, int kGroups>
+__global__ void __launch_bounds__(kThreads)
+    norm_mix_rows_kernel(T* __restrict__ x, const T* __restrict__ delta, T* __restrict__ x_out,
+                         const T* __restrict__ weight, const T* __restrict__ bias, const T* __restrict__ shift_first,
+                         T* __restrict__ shift, const int64_t shift_stride, const int* __restrict__ slot_idx,
+                         const int* __restrict__ cu_seqlens, const int S, const T* __restrict__ coef, const int K,
+                         T* __restrict__ out, const int64_t rows, const int C, const float eps) {
+  allow_dependents_to_launch();
+  __shared__ float scratch[kThreads / 32];
+  const int64_t r0 = (int64_t)blockIdx.x * kNormRows, r1 = min(rows, r0 + kNormRows);
+  // The slot owning row r0: the last s with cu_seqlens[s] <= r0.
+  int slot = 0, hi = S - 1;
+  while (slot < hi) {
+    const int mid = (slot + hi + 1) >> 1;
+    if (cu_seqlens[mid] <= r0) slot = mid; else hi = mid - 1;
+  }
+  float prev[kGroups][kVec];
+  auto keep = [&](const int g, int, const float (&h)[kVec]) {
+#pragma unroll
+    for (int q = 0; q < kVec; ++q) prev[g][q] = to_float(from_float<T>(h[q]));
+  };
+  if (r0 > cu_seqlens[slot])  // the slot's previous row belongs to another block: its norm again, nothing stored
+    norm_row8<true, kGroups>(x, static_cast<T*>(nullptr), delta, weight, bias, C, eps, scratch, (r0 - 1) * C, keep);
+  for (int64_t t = r0; t < r1; ++t) {
+    while (slot + 1 < S && cu_seqlens[slot + 1] <= t) ++slot;  // bounded: rows past the last slot's end stay in it
+    const bool first = t == cu_seqlens[slot], last = t == cu_seqlens[slot + 1] - 1;
+    T* saved = shift + (int64_t)slot_idx[slot] * shift_stride;
+    norm_row8<true, kGroups>(x, x_out, delta, weight, bias, C, eps, scratch, t * C, [&](const int g, const int c, const float (&h)[kVec]) {
+      float xv[kVec];
+#pragma unroll
+      for (int q = 0; q < kVec; ++q) xv[q] = to_float(from_float<T>(h[q]));
+      if (first) load8(shift_first + (int64_t)slot * C + c, prev[g]);
+      mix8(xv, prev[g], coef, K, out, rows, t, C, c);
+      if (last) store8(saved + c, h);  // rounds h as add_layer_norm stored it: the slot's newest row
+#pragma unroll
+      for (int q = 0; q < kVec; ++q) prev[g][q] = xv[q];
+    });
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -984,6 +1064,66 @@ Tensor norm_mix_decode_cuda(Tensor x, const OptionalTensor& delta, const Tensor&
   return out;
 }
 
+std::tuple<Tensor, Tensor> norm_mix_rows_cuda(const Tensor& x, const Tensor& delta, const Tensor& weight,
+                                              const Tensor& bias, Tensor shift, const Tensor& slot_idx,
+                                              const Tensor& cu_seqlens, const Tensor& coefficients, double eps) {
+  check_cuda(x, "x");
+  ALBATROSS_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [T, C] matrix, got ", x.sizes());
+  const int64_t rows = x.size(0), C = x.size(1);
+  ALBATROSS_CHECK(C % kVec == 0 && C <= kThreads * kRowRegs, "norm_mix_rows needs C a multiple of 8 up to ",
+                  kThreads * kRowRegs, ", got ", C);
+  check_matrix(delta, x, "delta", rows, C);
+  check_vector(weight, x, "weight", C);
+  check_vector(bias, x, "bias", C);
+  check_cuda(shift, "shift_state");
+  ALBATROSS_CHECK(shift.scalar_type() == x.scalar_type() && shift.dim() == 2 && shift.size(1) == C &&
+                      shift.stride(1) == 1 && shift.stride(0) % kVec == 0 && shift.device() == x.device(),
+                  "shift_state must be [B, ", C, "] on x's device with x's dtype, unit channel stride and a row stride "
+                  "that is a multiple of 8, got ", shift.sizes());
+  check_same(coefficients, x, "coefficients");
+  const bool single = coefficients.dim() == 1;  // one [T, C] mix instead of [K, T, C]
+  ALBATROSS_CHECK((single && coefficients.size(0) == C) || (coefficients.dim() == 2 && coefficients.size(1) == C),
+                  "coefficients must be [K, ", C, "] or [", C, "], got ", coefficients.sizes());
+  const int64_t K = single ? 1 : coefficients.size(0);
+  const int64_t S = check_slots(slot_idx, cu_seqlens);
+  ALBATROSS_CHECK(slot_idx.device() == x.device() && cu_seqlens.device() == x.device(),
+                  "slot_idx and cu_seqlens must be on ", device_name(x));
+  using Tensors = std::initializer_list<const Tensor*>;
+  for (const Tensor* t : Tensors{&x, &delta, &weight, &bias, &shift, &coefficients}) check_aligned(*t, "norm_mix_rows inputs");
+  ALBATROSS_CHECK(K <= INT_MAX && S <= INT_MAX, "too many mixes or slots");
+  const DeviceGuard guard(x.get_device_index());
+  Tensor x_new = empty_like(x);
+  Tensor out = single ? new_empty(x, {rows, C}) : new_empty(x, {K, rows, C});
+  if (rows == 0 || S == 0 || K == 0) return {x_new, out};
+  Tensor first = new_empty(x, {S, C});
+  const cudaStream_t stream = current_stream(x);
+  ALBATROSS_DISPATCH_FLOAT(x.scalar_type(), T, "x", [&] {
+    gather_rows_kernel<T><<<row_blocks(S), kThreads, 0, stream>>>(pointer<const T>(shift), shift.stride(0),
+                                                                  slot_idx.const_data_ptr<int>(), pointer<T>(first),
+                                                                  static_cast<int>(C));
+    check_launch();
+    const unsigned blocks = row_blocks((rows + kNormRows - 1) / kNormRows);
+    const auto launch = [&](auto kernel) {
+      kernel<<<blocks, kThreads, 0, stream>>>(pointer<T>(x), pointer<const T>(delta), pointer<T>(x_new),
+                                             pointer<const T>(weight), pointer<const T>(bias), pointer<const T>(first),
+                                             pointer<T>(shift), shift.stride(0), slot_idx.const_data_ptr<int>(),
+                                             cu_seqlens.const_data_ptr<int>(), static_cast<int>(S),
+                                             pointer<const T>(coefficients), static_cast<int>(K), pointer<T>(out), rows,
+                                             static_cast<int>(C), static_cast<float>(eps));
+    };
+    constexpr int64_t kGroupChannels = kThreads * kVec;  // 2,048
+    if (C <= kGroupChannels) {
+      launch(norm_mix_rows_kernel<T, 1>);
+    } else if (C <= 2 * kGroupChannels) {
+      launch(norm_mix_rows_kernel<T, 2>);
+    } else {
+      launch(norm_mix_rows_kernel<T, 4>);
+    }
+    check_launch();
+  });
+  return {x_new, out};
+}
+
 // wkv_prep's inputs (k a contiguous [rows, H * 64] matrix, the others matching it, 16-byte
 // aligned); returns whether the value residual (v_lora, v_first, v0) is given.
 bool check_prep_inputs(const Tensor& k, const Tensor& v, const Tensor& w_lora, const Tensor& a_lora,
@@ -1233,6 +1373,7 @@ STABLE_TORCH_LIBRARY_IMPL(albatross, CUDA, m) {
   m.impl("add_layer_norm", TORCH_BOX(&albatross::add_layer_norm_cuda));
   m.impl("shift_mix", TORCH_BOX(&albatross::shift_mix_cuda));
   m.impl("norm_mix_decode", TORCH_BOX(&albatross::norm_mix_decode_cuda));
+  m.impl("norm_mix_rows", TORCH_BOX(&albatross::norm_mix_rows_cuda));
   m.impl("wkv_prep", TORCH_BOX(&albatross::wkv_prep_cuda));
   m.impl("gn_bonus_gate", TORCH_BOX(&albatross::gn_bonus_gate_cuda));
   m.impl("wkv_decode_step", TORCH_BOX(&albatross::wkv_decode_step_cuda));
