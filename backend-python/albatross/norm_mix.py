@@ -26,8 +26,10 @@ is the way to have both.
 decode rows riding along): the two kernels' device code in one launch, bit-identical to them,
 which writes the new residual to a new tensor instead of x (its blocks read rows that others
 update). It saves the normed rows' round trip through memory: 19 row vectors of a 7.2B block's
-two norms become 13. Off by default (`set_rows_op_allowed`) until a GPU shows it pays
-(`bench/bench_model.py --norm-rows-op on,off`).
+two norms become 13. On by default (`set_rows_op_allowed(False)` turns it off) since an H100
+showed the bit-identity and the gain: one 7.2B layer's norms at 64 x 512 rows 8-12% faster, the
+64 x 512 prefill +0.3% (docs/performance.md, session 20; `bench/bench_norm_mix_rows.py`,
+`bench/bench_model.py --norm-rows-op off,on,off,on`).
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ FUSED_BY_DEFAULT = False
 _PATH = TritonPath(FUSED_BY_DEFAULT)
 OP_BY_DEFAULT = True
 _OP = ops.CudaOpSwitch("norm_mix_decode", OP_BY_DEFAULT)
-ROWS_OP_BY_DEFAULT = False
+ROWS_OP_BY_DEFAULT = True
 _ROWS_OP = ops.CudaOpSwitch("norm_mix_rows", ROWS_OP_BY_DEFAULT)
 _VEC = 8  # channels a thread moves in one 16-byte access
 _MAX_C = 8192  # a row in registers: add_layer_norm's limit

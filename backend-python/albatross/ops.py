@@ -391,46 +391,6 @@ wkv_decode_step = _declare(
 )
 
 
-def wkv_prefill_fused_torch(
-    state: torch.Tensor,
-    slot_idx: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    r: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    w_lora: torch.Tensor,
-    a_lora: torch.Tensor,
-    v_lora: torch.Tensor | None,
-    v_first: torch.Tensor | None,
-    w0: torch.Tensor,
-    a0: torch.Tensor,
-    v0: torch.Tensor | None,
-    k_k: torch.Tensor,
-    k_a: torch.Tensor,
-    r_k: torch.Tensor,
-    ln_w: torch.Tensor,
-    ln_b: torch.Tensor,
-    eps: float = GROUP_NORM_EPS,
-) -> torch.Tensor:
-    """A block's WKV walk over the slots' rows of a flat batch (`cu_seqlens` as the WKV op takes
-    it): `wkv_prep` on copies of k and v, the WKV op at two state rows a thread straight in
-    registers, and `gn_bonus_gate`, one after the other, as the CUDA kernel computes them in one
-    launch (bit-identical to these three ops' kernels). k and v are left as they are."""
-    k, v = k.clone(), v.clone()
-    w, a, b = wkv_prep(k, v, w_lora, a_lora, v_lora, v_first, w0, a0, v0, k_k, k_a)
-    y = wkv7(state, slot_idx, cu_seqlens, r, w, k, v, a, b, False, 2, True)
-    return gn_bonus_gate(y, r, k, v, g, r_k, ln_w, ln_b, eps)
-
-
-wkv_prefill_fused = _declare(
-    "wkv_prefill_fused(Tensor(a!) state, Tensor slot_idx, Tensor cu_seqlens, Tensor r, Tensor k, Tensor v, Tensor g, "
-    "Tensor w_lora, Tensor a_lora, Tensor? v_lora, Tensor? v_first, Tensor w0, Tensor a0, Tensor? v0, Tensor k_k, "
-    f"Tensor k_a, Tensor r_k, Tensor ln_w, Tensor ln_b, float eps={GROUP_NORM_EPS}) -> Tensor",
-    wkv_prefill_fused_torch,
-)
-
-
 def relu_square_torch(x: torch.Tensor) -> torch.Tensor:
     return torch.relu(x).square()
 

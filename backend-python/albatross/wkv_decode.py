@@ -1,6 +1,5 @@
-"""A block's WKV step: `wkv_prep`, the WKV op (by `wkv_dispatch`) and `gn_bonus_gate`, or a
-one-launch form of the same: `ops.wkv_prefill_fused` for calls of many prompt chunks (below), or
-one of two for decode rows (each row one slot's single token):
+"""A block's WKV step: `wkv_prep`, the WKV op (by `wkv_dispatch`) and `gn_bonus_gate`, or one of
+two one-launch forms of the same step for decode rows (each row one slot's single token):
 
 - `ops.wkv_decode_step`, the CUDA kernel (fused.cu) that runs the three kernels' own device code in
   one block per head and two rows (one with an fp32 state): bit-identical to the three ops, so it
@@ -20,13 +19,6 @@ same row in a batch of 5 or more (as accurate against fp32, other fp16 roundings
 on, the GPU test that a seeded request samples the same tokens alone and in a crowd failed once
 in three engine modes: the API promises the same output whatever else runs. The CUDA form is the
 way to have both.
-
-`ops.wkv_prefill_fused` (fused.cu) takes a call that the WKV dispatch would walk whole at two
-state rows a thread straight in registers (`wkv_dispatch.walks_direct`: many chunks, such as 64
-prompts of 512 tokens): the three kernels' device code in one warp per (slot, head), with prep's
-outputs and the walk's y in shared memory instead of memory, bit-identical to the three ops. Off
-by default (`set_prefill_op_allowed`) until a GPU shows it pays (`bench/bench_model.py
---prefill-op on,off`).
 """
 
 from __future__ import annotations
@@ -42,8 +34,6 @@ FUSED_BY_DEFAULT = False
 _PATH = TritonPath(FUSED_BY_DEFAULT)
 STEP_OP_BY_DEFAULT = True
 _STEP_OP = ops.CudaOpSwitch("wkv_decode_step", STEP_OP_BY_DEFAULT)
-PREFILL_OP_BY_DEFAULT = False
-_PREFILL_OP = ops.CudaOpSwitch("wkv_prefill_fused", PREFILL_OP_BY_DEFAULT)
 
 
 def set_step_op_allowed(allowed: bool) -> None:
@@ -54,18 +44,6 @@ def set_step_op_allowed(allowed: bool) -> None:
 def step_op_applies(k: torch.Tensor, batch: ops.FlatBatch) -> bool:
     """A decode step on a GPU whose fused library registered the op, with the op allowed."""
     return batch.single_token and k.is_cuda and _STEP_OP.usable()
-
-
-def set_prefill_op_allowed(allowed: bool) -> None:
-    """Let calls with prompt chunks take the CUDA `wkv_prefill_fused` op where it applies (benchmarks and tests compare)."""
-    _PREFILL_OP.set_allowed(allowed)
-
-
-def prefill_op_applies(state: torch.Tensor, k: torch.Tensor, batch: ops.FlatBatch) -> bool:
-    """A call with prompt chunks on a GPU whose fused library registered the op, with the op
-    allowed, that the WKV dispatch would walk whole at two rows a thread straight in registers
-    (many chunks: `wkv_dispatch.walks_direct`)."""
-    return k.is_cuda and not batch.single_token and _PREFILL_OP.usable() and wkv_dispatch.walks_direct(state, batch)
 
 
 def set_fused_allowed(allowed: bool) -> None:
@@ -102,9 +80,8 @@ def prep_wkv_gate(
     saving: tuple[tuple[tuple[int, ...], ...], torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """The time mix's output before its projection `[T, C]`, from r, k, v, the gate g and the
-    (value, decay, in-context rate) LoRA outputs; the slots' WKV states advance. k and v (blocks
-    1+) may be updated in place as `wkv_prep` does, or not (`wkv_prefill_fused`): the caller reads
-    neither afterwards. The value LoRA, `v_first` and `weights.v0`
+    (value, decay, in-context rate) LoRA outputs; k and v (blocks 1+) are updated in place as
+    `wkv_prep` does, and the slots' WKV states advance. The value LoRA, `v_first` and `weights.v0`
     are None in block 0, which has no value residual. `saving` (cuts, captures): the WKV states
     to capture inside the call (wkv_dispatch.wkv7), which only the three ops' path does."""
     if saving is not None:
@@ -116,14 +93,6 @@ def prep_wkv_gate(
         return ops.wkv_decode_step(
             state, batch.slot_idx, r, k, v, g, w_lora, a_lora, v_lora, v_first, w.w0, w.a0, w.v0, w.k_k, w.k_a, w.r_k,
             w.ln_weight, w.ln_bias, ops.GROUP_NORM_EPS,
-        )
-    if prefill_op_applies(state, rkv[1], batch):
-        r, k, v = rkv
-        v_lora, w_lora, a_lora = loras
-        w = weights
-        return ops.wkv_prefill_fused(
-            state, batch.slot_idx, batch.cu_seqlens, r, k, v, g, w_lora, a_lora, v_lora, v_first, w.w0, w.a0, w.v0, w.k_k,
-            w.k_a, w.r_k, w.ln_weight, w.ln_bias, ops.GROUP_NORM_EPS,
         )
     if fused_applies(rkv[1], batch):
         from albatross import wkv_decode_triton

@@ -189,17 +189,6 @@ def _whole_call_launch(state: torch.Tensor, batch: ops.FlatBatch) -> tuple[int, 
     return 1, False
 
 
-def walks_direct(state: torch.Tensor, batch: ops.FlatBatch, policy: ChunkedPolicy | None = None) -> bool:
-    """Whether `wkv7` would run this call (no captures) whole on the sequential kernel at two rows
-    a thread straight in registers: the walk that `ops.wkv_prefill_fused` runs (wkv_decode.py)."""
-    if not state.is_cuda or batch.single_token:
-        return False
-    policy = POLICY if policy is None else policy
-    if chunked_kernel_available() and policy.chunked_run(batch.lengths, state.shape[1]) is not None:
-        return False
-    return _whole_call_launch(state, batch) == (2, True)
-
-
 def check_cuts(cuts: tuple[int, ...], length: int) -> None:
     """One slot's cuts: strictly increasing token counts inside its `length` rows (ValueError)."""
     if list(cuts) != sorted(set(cuts)) or (cuts and not 1 <= cuts[0] <= cuts[-1] < length):

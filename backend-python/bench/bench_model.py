@@ -267,12 +267,9 @@ def main(argv: list[str] | None = None) -> None:
                         "never (off), for every slot of the policy's min_tokens or more (always), or several in turn (on,off,always)")
     parser.add_argument("--wkv-rows", default="auto", help="prefill rows with the sequential kernel's layout as its dispatch picks it (auto), "
                         "one state row a thread always (1), or both (auto,1)")
-    parser.add_argument("--prefill-op", default="on" if wkv_decode.PREFILL_OP_BY_DEFAULT else "off",
-                        help="prefill with the CUDA wkv_prefill_fused op where it applies (on: prep, the WKV walk and the gated "
-                        "group norm in one launch for calls of many chunks, bit-identical to them), without (off), or both (on,off)")
     parser.add_argument("--norm-rows-op", default="on" if norm_mix.ROWS_OP_BY_DEFAULT else "off",
                         help="prefill with the CUDA norm_mix_rows op (on: the residual layer norm and token-shift mixes of prompt rows "
-                        "in one launch, bit-identical to the two ops), without (off), or both (on,off)")
+                        "in one launch, bit-identical to the two ops), without (off), or several in turn (on,off or off,on,off,on)")
     parser.add_argument("--gemv", default="on" if linear.GEMV_BY_DEFAULT else "off", help="graph decode with the GEMV kernel for 1-4 rows (on), cuBLAS (off), or both")
     parser.add_argument("--fused-lora", default="on" if loras.FUSED_BY_DEFAULT else "off", help="the fp16-state graph decode rows with the fused LoRA kernels for "
                         "1-4 rows (on; albatross/lora_triton.py), the eager LoRAs (off), or both (on,off)")
@@ -324,16 +321,14 @@ def main(argv: list[str] | None = None) -> None:
                     if rows not in layouts:
                         raise SystemExit(f"--wkv-rows takes auto and 1; got {rows!r}")
                     wkv_dispatch.LAYOUT = layouts[rows]
-                    for prefill_op, rows_op in [(p, n) for p in on_off_settings(args.prefill_op) for n in on_off_settings(args.norm_rows_op)]:
-                        wkv_decode.set_prefill_op_allowed(prefill_op)
+                    for rows_op in on_off_settings(args.norm_rows_op):
                         norm_mix.set_rows_op_allowed(rows_op)
                         for prompts, length in ((1, 4096), (64, 512)):
                             result = bench_prefill(model, pool, prompts, length, args.shape, args.prefill_chunk)
                             result.note += ", " + wkv_notes[setting] + ("" if rows == "auto" else ", one state row a thread")
-                            result.note += (", wkv_prefill_fused where it applies" if prefill_op else "") + (", norm_mix_rows" if rows_op else "")
+                            result.note += ", norm_mix_rows" if rows_op else ", add_layer_norm + shift_mix"
                             results.append(result)
                             print(asdict(result), flush=True)
-                    wkv_decode.set_prefill_op_allowed(wkv_decode.PREFILL_OP_BY_DEFAULT)
                     norm_mix.set_rows_op_allowed(norm_mix.ROWS_OP_BY_DEFAULT)
             wkv_dispatch.POLICY = wkv_dispatch.DEFAULT_POLICY
             wkv_dispatch.LAYOUT = layouts["auto"]

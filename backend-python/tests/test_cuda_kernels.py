@@ -491,6 +491,7 @@ def _run_every_op(t: dict[str, torch.Tensor], batch: sampler.SamplingBatch, call
     out = [ops.add_layer_norm(t["x"], t["delta"], t["weight"], t["bias"])]
     out.append(ops.shift_mix(t["x"], t["shift"], t["slot_idx"], t["cu_seqlens"], t["mixes"]))
     out.append(ops.norm_mix_decode(t["x"][:3], t["delta"][:3], t["weight"], t["bias"], t["shift"], t["slot_idx"], t["mixes"]))
+    out += list(ops.norm_mix_rows(t["x"], t["delta"], t["weight"], t["bias"], t["shift"], t["slot_idx"], t["cu_seqlens"], t["mixes"]))
     w, a, b = ops.wkv_prep(
         t["k"], t["v"], t["w_lora"], t["a_lora"], t["v_lora"], t["v_first"], t["w0"], t["a0"], t["v0"], t["k_k"], t["k_a"]
     )
@@ -505,7 +506,7 @@ def _run_every_op(t: dict[str, torch.Tensor], batch: sampler.SamplingBatch, call
     out.append(ops.sample(t["logits"] + y[:3, :1].float(), t["slot_idx"].long(), batch, pool))
     out.append(ops.gemv(t["x"][:3], t["matrix"], t["counters"]))
     out.append(ops.int8_gemv(t["x"][:3], t["q"], t["scale"], t["counters"]))
-    called.update({"add_layer_norm", "shift_mix", "norm_mix_decode", "wkv_prep", "wkv7", "gn_bonus_gate", "wkv_decode_step", "relu_square", "sample", "gemv", "int8_gemv"})
+    called.update({"add_layer_norm", "shift_mix", "norm_mix_decode", "norm_mix_rows", "wkv_prep", "wkv7", "gn_bonus_gate", "wkv_decode_step", "relu_square", "sample", "gemv", "int8_gemv"})
     return out
 
 

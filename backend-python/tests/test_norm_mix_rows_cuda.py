@@ -112,8 +112,8 @@ def test_a_prefill_through_the_op_gives_the_same_logits_and_states_bit_for_bit()
             norm_mix.set_rows_op_allowed(allowed)
             pool = model.new_pool(len(LENGTHS) + 1, torch.float16)
             slots = list(range(1, len(LENGTHS) + 1))
-            logits = model.forward(pool, slots, tokens, full_output=True)
-            runs.append((logits, [pool.att_shift.clone(), pool.ffn_shift.clone(), pool.wkv.clone()]))
+            logits = model.forward(pool, slots, tokens, full_output=True)  # a slot's rows each
+            runs.append((torch.cat(list(logits)), [pool.att_shift.clone(), pool.ffn_shift.clone(), pool.wkv.clone()]))
     finally:
         norm_mix.set_rows_op_allowed(norm_mix.ROWS_OP_BY_DEFAULT)
     (on, on_states), (off, off_states) = runs

@@ -84,12 +84,6 @@ def _cases(gen: torch.Generator) -> dict[str, list[tuple[tuple[object, ...], tup
             ((_randn(gen, 4, 2, N, N, scale=0.1), slots, x[:3], k[:3], v[:3], delta[:3], w_lora[:3], a_lora[:3], v_lora[:3],
               v_first[:3], w0, a0, v0, k_k, k_a, weight, bias, w0), (0, 3, 4)),
         ],
-        "wkv_prefill_fused": [
-            ((_randn(gen, 4, 2, N, N, scale=0.1), slots, cu, x, k, v, delta, w_lora, a_lora, None, None, w0, a0, None, k_k, k_a,
-              weight, bias, w0), (0,)),
-            ((_randn(gen, 4, 2, N, N, scale=0.1), slots, cu, x, k, v, delta, w_lora, a_lora, v_lora, v_first, w0, a0, v0, k_k,
-              k_a, weight, bias, w0), (0,)),
-        ],  # fmt: skip
         "relu_square": [((x,), ())],
         "int8_gemv": [
             ((x[:3], torch.randint(-127, 128, (C, 48), generator=gen, dtype=torch.int8), torch.rand(48, generator=gen),

@@ -10,7 +10,6 @@
 //   wkv_prep         k/v/w/a/b of the WKV op from the matmul and LoRA outputs     8 lanes per (row, head)
 //   gn_bonus_gate    (group_norm(y) + bonus) * g                                  8 lanes per (row, head)
 //   wkv_decode_step  wkv_prep + the WKV decode step + gn_bonus_gate in one launch one block per (row, head)
-//   wkv_prefill_fused  the same over prompt chunks (many of them)                  one warp per (slot, head)
 //   relu_square      relu(x)^2                                                    one thread per 8 elements
 //
 // All but add_layer_norm move 8 channels per thread with 16-byte loads and stores (the kernels are
@@ -22,7 +21,7 @@
 // ordinary way after one of these still waits for it to finish.
 
 #include "pdl.cuh"
-#include "wkv_rows.cuh"
+#include "wkv_decode.cuh"
 
 namespace albatross {
 namespace {
@@ -149,9 +148,11 @@ __global__ void __launch_bounds__(kThreads)
 // pointer is aligned (the model's rows always are): a quarter of the memory instructions of the
 // per-channel loop. At batch 1 on the H200 that loop took 6.2 us a call, 65 calls a 7.2B step.
 // The row's work is norm_row8, which norm_mix_decode_kernel and norm_mix_rows_kernel run too:
-// `emit(g, c, out)` receives the norm of channels c..c+7 (the thread's group g) before its rounding
-// to T, for each of the thread's groups within C. The new residual goes to x in place, or with kOutOfPlace to x_out
-// (nowhere when null; x is then only read). Every thread of the block must call it (block sums).
+// `emit(g, c, out)` receives the norm of channels c..c+7 (the thread's group g) before its
+// rounding to T, for each of the thread's groups within C. The new residual goes to x in place,
+// or with kOutOfPlace to x_out (nowhere when null; x is then only read). kGroups: the groups of 8
+// channels a thread holds (C <= kThreads * 8 * kGroups). Every thread of the block must call it
+// (block sums).
 template <bool kOutOfPlace, int kGroups = kRowRegs / kVec, typename T, typename Emit>
 __device__ __forceinline__ void norm_row8(T* __restrict__ x, T* __restrict__ x_out, const T* __restrict__ delta,
                                           const T* __restrict__ weight, const T* __restrict__ bias, const int C,
@@ -444,68 +445,41 @@ struct PrepArgs {
   int H;
 };
 
-// An operand of prep8 or gn8 (8 elements at `at`): read at `request` (kEarly; the value then
-// waits in registers) or where it is used (`get`). Operands in global memory are all requested
-// before the first is used, so a lane waits for memory once instead of once per operand (a store
-// to k or v, which the compiler cannot prove distinct from the other inputs, would otherwise keep
-// later loads from moving above it). wkv_prefill_fused_kernel's operands sit in shared memory: it
-// reads them where they are used, which keeps the registers for its state rows.
-template <typename T, bool kEarly>
-struct Operand;
-
-template <typename T>
-struct Operand<T, true> {
-  Raw8<T> raw;
-  __device__ __forceinline__ void request(const T* at) { raw = fetch8(at); }
-  __device__ __forceinline__ void get(const T*, float (&f)[kVec]) const { unpack8(raw, f); }
-  __device__ __forceinline__ Raw8<T> bits(const T*) const { return raw; }
-};
-
-template <typename T>
-struct Operand<T, false> {
-  __device__ __forceinline__ void request(const T*) {}
-  __device__ __forceinline__ void get(const T* at, float (&f)[kVec]) const { unpack8(fetch8(at), f); }
-  __device__ __forceinline__ Raw8<T> bits(const T* at) const { return fetch8(at); }
-};
-
 // One lane's 8 channels of one row, every pointer of `p` already at them (a PrepArgs whose H is
 // not read; v_lora null in layer 0): the WKV op's inputs, k and v updated in place, w, a and b
 // stored where w_out, a_out and b_out point. A head's 64 channels are 8 adjacent lanes, and every
 // lane of the warp must call it (the kk norm is a shuffle sum), `live` false for lanes past the
-// row's end. wkv_prep_kernel, wkv_decode_step_kernel and wkv_prefill_fused_kernel all run it, so
-// their outputs are bit-identical.
+// row's end. wkv_prep_kernel and wkv_decode_step_kernel both run it, so their outputs are
+// bit-identical.
 //
-// k_copy and v_copy, where given (the fused kernels' shared memory), get the same k and v that go
-// to global memory, so the step reads them without another round trip to memory. With kStaged
-// (wkv_prefill_fused_kernel: p's row operands point at its shared-memory copies) every operand is
-// read where it is used, and k and v go to k_copy and v_copy only.
-template <typename T, bool kStaged = false>
+// k_copy and v_copy, where given (wkv_decode_step_kernel's shared memory), get the same k and v
+// that go to global memory, so the step reads them without another round trip to memory.
+template <typename T>
 __device__ __forceinline__ void prep8(const PrepArgs<T>& p, const bool live, T* k_copy = nullptr, T* v_copy = nullptr) {
-  // The op's inputs never alias k or v (the host check refuses that), so reading them before k and
-  // v are stored reads the same values.
-  constexpr bool kEarly = !kStaged;
+  // Every read first (one round trip to memory instead of four): the op's inputs never alias k or
+  // v (the host check refuses that), so reading them before k and v are stored reads the same values.
   const bool residual = p.v_lora != nullptr;
-  Operand<T, kEarly> k_in, k_k_in, a0_in, a_lora_in, k_a_in, v_in, v0_in, v_lora_in, v_first_in, w0_in, w_lora_in;
+  Raw8<T> k_raw, k_k_raw, a0_raw, a_lora_raw, k_a_raw, v_raw, v0_raw, v_lora_raw, v_first_raw, w0_raw, w_lora_raw;
   if (live) {
-    k_in.request(p.k);
-    k_k_in.request(p.k_k);
-    a0_in.request(p.a0);
-    a_lora_in.request(p.a_lora);
-    k_a_in.request(p.k_a);
-    if (residual || v_copy != nullptr) v_in.request(p.v);
+    k_raw = fetch8(p.k);
+    k_k_raw = fetch8(p.k_k);
+    a0_raw = fetch8(p.a0);
+    a_lora_raw = fetch8(p.a_lora);
+    k_a_raw = fetch8(p.k_a);
+    if (residual || v_copy != nullptr) v_raw = fetch8(static_cast<const T*>(p.v));
     if (residual) {
-      v0_in.request(p.v0);
-      v_lora_in.request(p.v_lora);
-      v_first_in.request(p.v_first);
+      v0_raw = fetch8(p.v0);
+      v_lora_raw = fetch8(p.v_lora);
+      v_first_raw = fetch8(p.v_first);
     }
-    w0_in.request(p.w0);
-    w_lora_in.request(p.w_lora);
+    w0_raw = fetch8(p.w0);
+    w_lora_raw = fetch8(p.w_lora);
   }
   float k[kVec], kk[kVec], tmp[kVec];
   float ss = 0.f;
   if (live) {
-    k_in.get(p.k, k);
-    k_k_in.get(p.k_k, tmp);
+    unpack8(k_raw, k);
+    unpack8(k_k_raw, tmp);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) {
       kk[j] = k[j] * tmp[j];
@@ -516,32 +490,32 @@ __device__ __forceinline__ void prep8(const PrepArgs<T>& p, const bool live, T* 
   if (!live) return;  // after the warp's only shuffles
   const float inv = 1.f / fmaxf(norm, 1e-12f);
   float a[kVec], a0[kVec], out[kVec];
-  a0_in.get(p.a0, a0);
-  a_lora_in.get(p.a_lora, tmp);
+  unpack8(a0_raw, a0);
+  unpack8(a_lora_raw, tmp);
 #pragma unroll
   for (int j = 0; j < kVec; ++j) {
     a[j] = sigmoidf(a0[j] + tmp[j]);
     kk[j] = kk[j] * inv;
   }
-  k_a_in.get(p.k_a, tmp);
+  unpack8(k_a_raw, tmp);
 #pragma unroll
   for (int j = 0; j < kVec; ++j) out[j] = k[j] * (1.f + (a[j] - 1.f) * tmp[j]);
-  if constexpr (!kStaged) store8(p.k, out);
+  store8(p.k, out);
   if (k_copy != nullptr) store8(k_copy, out);
-  if (!residual && v_copy != nullptr) *reinterpret_cast<Raw8<T>*>(v_copy) = v_in.bits(p.v);  // layer 0: v as it came
+  if (!residual && v_copy != nullptr) *reinterpret_cast<Raw8<T>*>(v_copy) = v_raw;  // layer 0: v as it came
   if (residual) {
     float v[kVec], gate[kVec], first[kVec];
-    v_in.get(p.v, v);
-    v0_in.get(p.v0, gate);
-    v_lora_in.get(p.v_lora, tmp);
-    v_first_in.get(p.v_first, first);
+    unpack8(v_raw, v);
+    unpack8(v0_raw, gate);
+    unpack8(v_lora_raw, tmp);
+    unpack8(v_first_raw, first);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) out[j] = v[j] + (first[j] - v[j]) * sigmoidf(gate[j] + tmp[j]);
-    if constexpr (!kStaged) store8(p.v, out);
+    store8(p.v, out);
     if (v_copy != nullptr) store8(v_copy, out);
   }
-  w0_in.get(p.w0, a0);
-  w_lora_in.get(p.w_lora, tmp);
+  unpack8(w0_raw, a0);
+  unpack8(w_lora_raw, tmp);
 #pragma unroll
   for (int j = 0; j < kVec; ++j) {
     const float z = -(a0[j] + tmp[j]);
@@ -581,34 +555,32 @@ __global__ void __launch_bounds__(kThreads) wkv_prep_kernel(const PrepArgs<T> p)
 // gn_bonus_gate
 
 // (group_norm(y) + sum(r * k * r_k) * v) * g for one lane's 8 channels of one row, every pointer
-// already at them; the same lane layout and calling rule as prep8, and the same kStaged (operands
-// read where they are used). gn_bonus_gate_kernel, wkv_decode_step_kernel and
-// wkv_prefill_fused_kernel all run it.
-template <typename T, bool kStaged = false>
+// already at them; the same lane layout and calling rule as prep8. gn_bonus_gate_kernel and
+// wkv_decode_step_kernel both run it.
+template <typename T>
 __device__ __forceinline__ void gn8(const T* y, const T* r, const T* k, const T* v, const T* g, const T* r_k,
                                     const T* weight, const T* bias, T* out, const bool live, const float eps) {
-  constexpr bool kEarly = !kStaged;
-  Operand<T, kEarly> y_in, r_in, k_in, r_k_in, v_in, g_in, weight_in, bias_in;
+  Raw8<T> y_raw, r_raw, k_raw, r_k_raw, v_raw, g_raw, weight_raw, bias_raw;  // every read first: one round trip
   if (live) {
-    y_in.request(y);
-    r_in.request(r);
-    k_in.request(k);
-    r_k_in.request(r_k);
-    v_in.request(v);
-    g_in.request(g);
-    weight_in.request(weight);
-    bias_in.request(bias);
+    y_raw = fetch8(y);
+    r_raw = fetch8(r);
+    k_raw = fetch8(k);
+    r_k_raw = fetch8(r_k);
+    v_raw = fetch8(v);
+    g_raw = fetch8(g);
+    weight_raw = fetch8(weight);
+    bias_raw = fetch8(bias);
   }
   float yv[kVec], a[kVec], b[kVec];
   float sum = 0.f, rk = 0.f;
   if (live) {
-    y_in.get(y, yv);
-    r_in.get(r, a);
-    k_in.get(k, b);
+    unpack8(y_raw, yv);
+    unpack8(r_raw, a);
+    unpack8(k_raw, b);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) sum += yv[j];
     float w[kVec];
-    r_k_in.get(r_k, w);
+    unpack8(r_k_raw, w);
 #pragma unroll
     for (int j = 0; j < kVec; ++j) rk += a[j] * b[j] * w[j];
   } else {
@@ -623,10 +595,10 @@ __device__ __forceinline__ void gn8(const T* y, const T* r, const T* k, const T*
   const float bonus = head_sum8(rk);
   if (!live) return;
   float vv[kVec], gv[kVec], res[kVec];
-  v_in.get(v, vv);
-  g_in.get(g, gv);
-  weight_in.get(weight, a);
-  bias_in.get(bias, b);
+  unpack8(v_raw, vv);
+  unpack8(g_raw, gv);
+  unpack8(weight_raw, a);
+  unpack8(bias_raw, b);
 #pragma unroll
   for (int j = 0; j < kVec; ++j) res[j] = ((yv[j] - mean) * rstd * a[j] + b[j] + bonus * vv[j]) * gv[j];
   store8(out, res);
@@ -755,130 +727,6 @@ __global__ void __launch_bounds__(N, kItems == 1 ? 12 : 10) wkv_decode_step_kern
   if (i < 32)
     gn8(io[j0][kY] + lc, io[j0][kR] + lc, io[j0][kK] + lc, io[j0][kV] + lc, io[j0][kG] + lc, io[j0][kRK] + lc,
         io[j0][kLW] + lc, io[j0][kLB] + lc, p.out + o, live, p.eps);
-}
-
-// ---------------------------------------------------------------------------------------------
-// wkv_prefill_fused: a block's WKV walk over prompt chunks in one launch instead of three
-// (wkv_prep, the WKV op's direct two-row kernel, gn_bonus_gate), for calls of many chunks. One
-// warp per (slot, head), two state rows a lane straight in its registers, as wkv7_rows_kernel<2,
-// true>. The warp walks its chunk kTokens tokens at a time: lanes 8j..8j+7 run prep8 for token j
-// of the group (each lane 8 channels of the head), then every lane runs the group's tokens
-// (rows_step) on its rows, then the same lanes run gn8 for the group. The group's inputs (r, k,
-// v, the three LoRA outputs, v_first and g) are staged in shared memory through cp.async one
-// group ahead, so the walk waits on memory once at the start rather than once a group.
-//
-// Why so: at 64 chunks of 512 tokens, the three kernels move 24 [rows, C] vectors through memory
-// a layer (prep 6 in and 5 out, the walk 6 in and y out, the norm 5 in and 1 out); this one 9 (8
-// in, 1 out). Prep's w, a, b and the updated k and v, and the walk's y, stay in shared memory in
-// the activation dtype, rounded where the three kernels round them on their way to memory, and
-// each piece is the function those kernels run: outputs and states are bit-identical to them.
-// k and v are not written back.
-
-constexpr int kTokens = 4;  // tokens a group: a warp's 32 lanes are 4 tokens x 8 lanes of a head
-enum Staged { kSR, kSK, kSV, kSWL, kSAL, kSVL, kSVF, kSG, kStaged };  // a group's inputs from memory
-enum Prepped { kPW, kPA, kPB, kPK, kPV, kPY, kPrepped };              // prep8's outputs and the walk's y
-
-template <typename T>
-struct PrefillArgs {
-  PrepArgs<T> prep;  // k, v, the LoRA outputs and v_first as the call gives them; w_out, a_out, b_out unused
-  const T* r;
-  const T* g;
-  const T* r_k;
-  const T* ln_w;
-  const T* ln_b;
-  T* out;
-  float eps;
-};
-
-// Blocks an SM (the register budget): wkv7_rows_kernel<2, true>'s 12.
-constexpr int kPrefillBlocks = 12;
-
-template <typename T, typename state_t>
-__global__ void __launch_bounds__(32, kPrefillBlocks)
-    wkv_prefill_fused_kernel(const PrefillArgs<T> p, state_t* __restrict__ state, const int* __restrict__ slot_idx,
-                             const int* __restrict__ cu_seqlens) {
-  allow_dependents_to_launch();
-  constexpr int kRows = 2, kLanes = kHead / kVec;  // lanes a token's head
-  const int s = blockIdx.x, h = blockIdx.y, x = threadIdx.x;
-  const int t0 = cu_seqlens[s], t1 = cu_seqlens[s + 1];
-  if (t1 <= t0) return;
-  const PrepArgs<T>& q = p.prep;
-  const bool residual = q.v_lora != nullptr;
-  const int64_t C = (int64_t)q.H * kHead;
-  state_t* S = state + ((int64_t)slot_idx[s] * q.H + h) * (N * N);
-
-  __shared__ __align__(16) T staged[2][kStaged][kTokens][N];  // double-buffered: the next group's in flight
-  __shared__ __align__(16) T io[kTokens][kPrepped][N];
-  __shared__ __align__(16) float vec[kTokens][5][N];  // r, decay, k, a, b: what wkv7_rows_kernel's walk reads
-
-  const int j = x / kLanes, lc = (x % kLanes) * kVec, c = h * kHead + lc;  // this lane's token and channels
-  auto stage = [&](const int buf, const int t) {
-    if (t + j >= t1) return;
-    const int64_t o = (int64_t)(t + j) * C + c;
-    fetch8_async(staged[buf][kSR][j] + lc, p.r + o);
-    fetch8_async(staged[buf][kSK][j] + lc, q.k + o);
-    fetch8_async(staged[buf][kSV][j] + lc, q.v + o);
-    fetch8_async(staged[buf][kSWL][j] + lc, q.w_lora + o);
-    fetch8_async(staged[buf][kSAL][j] + lc, q.a_lora + o);
-    if (residual) {
-      fetch8_async(staged[buf][kSVL][j] + lc, q.v_lora + o);
-      fetch8_async(staged[buf][kSVF][j] + lc, q.v_first + o);
-    }
-    fetch8_async(staged[buf][kSG][j] + lc, p.g + o);
-  };
-
-  float st[kRows][N];
-#pragma unroll
-  for (int m = 0; m < kRows; ++m) load_row(S + (x + m * 32) * N, st[m]);
-  stage(0, t0);
-  int buf = 0;
-  for (int t = t0; t < t1; t += kTokens) {
-    const int n = min(kTokens, t1 - t);
-    const bool live = j < n;
-    cp_async_wait_all();
-    __syncwarp();  // this group's inputs visible to every lane; the other buffer's last reader done
-    if (t + kTokens < t1) stage(buf ^ 1, t + kTokens);
-
-    T(*in)[kTokens][N] = staged[buf];
-    const PrepArgs<T> pr = {in[kSK][j] + lc, in[kSV][j] + lc, in[kSWL][j] + lc, in[kSAL][j] + lc,
-                            residual ? in[kSVL][j] + lc : nullptr, residual ? in[kSVF][j] + lc : nullptr,
-                            q.w0 + c, q.a0 + c, residual ? q.v0 + c : nullptr, q.k_k + c, q.k_a + c,
-                            io[j][kPW] + lc, io[j][kPA] + lc, io[j][kPB] + lc, q.H};
-    prep8<T, true>(pr, live, io[j][kPK] + lc, io[j][kPV] + lc);
-    __syncwarp();
-
-#pragma unroll
-    for (int u = 0; u < kTokens; ++u) {
-      if (u < n) {
-#pragma unroll
-        for (int m = 0; m < kRows; ++m) {
-          const int i = x + m * 32;
-          vec[u][0][i] = to_float(in[kSR][u][i]);
-          vec[u][1][i] = expf(-expf(to_float(io[u][kPW][i])));
-          vec[u][2][i] = to_float(io[u][kPK][i]);
-          vec[u][3][i] = to_float(io[u][kPA][i]);
-          vec[u][4][i] = to_float(io[u][kPB][i]);
-        }
-      }
-    }
-    __syncwarp();
-
-    for (int u = 0; u < n; ++u) {
-      float vi[kRows], yv[kRows];
-#pragma unroll
-      for (int m = 0; m < kRows; ++m) vi[m] = to_float(io[u][kPV][x + m * 32]);
-      rows_step<kRows>(st, vec[u], vi, yv);
-#pragma unroll
-      for (int m = 0; m < kRows; ++m) io[u][kPY][x + m * 32] = from_float<T>(yv[m]);
-    }
-    __syncwarp();
-
-    gn8<T, true>(io[j][kPY] + lc, in[kSR][j] + lc, io[j][kPK] + lc, io[j][kPV] + lc, in[kSG][j] + lc, p.r_k + c, p.ln_w + c,
-        p.ln_b + c, p.out + (int64_t)(t + (live ? j : 0)) * C + c, live, p.eps);
-    buf ^= 1;
-  }
-#pragma unroll
-  for (int m = 0; m < kRows; ++m) store_row(S + (x + m * 32) * N, st[m]);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1297,56 +1145,6 @@ Tensor wkv_decode_step_cuda(Tensor state, const Tensor& slot_idx, const Tensor& 
   return out;
 }
 
-Tensor wkv_prefill_fused_cuda(Tensor state, const Tensor& slot_idx, const Tensor& cu_seqlens, const Tensor& r,
-                              const Tensor& k, const Tensor& v, const Tensor& g, const Tensor& w_lora,
-                              const Tensor& a_lora, const OptionalTensor& v_lora, const OptionalTensor& v_first,
-                              const Tensor& w0, const Tensor& a0, const OptionalTensor& v0, const Tensor& k_k,
-                              const Tensor& k_a, const Tensor& r_k, const Tensor& ln_w, const Tensor& ln_b,
-                              double eps) {
-  const char* what = "wkv_prefill_fused inputs";
-  check_prep_inputs(k, v, w_lora, a_lora, v_lora, v_first, w0, a0, v0, k_k, k_a, what);
-  const int64_t rows = k.size(0), C = k.size(1), H = C / kHead;
-  check_cuda(state, "state");
-  ALBATROSS_CHECK(state.dim() == 4 && state.size(1) == H && state.size(2) == N && state.size(3) == N &&
-                      state.is_contiguous(),
-                  "state must be a contiguous [slots, ", H, ", 64, 64] tensor, got ", state.sizes());
-  ALBATROSS_CHECK(state.device() == k.device(), "state must be on ", device_name(k));
-  const int64_t slots = check_slots(slot_idx, cu_seqlens);
-  ALBATROSS_CHECK(slot_idx.device() == k.device() && cu_seqlens.device() == k.device(),
-                  "slot_idx and cu_seqlens must be on ", device_name(k));
-  check_matrix(r, k, "r", rows, C);
-  check_matrix(g, k, "g", rows, C);
-  check_vector(r_k, k, "r_k", C);
-  check_vector(ln_w, k, "ln_w", C);
-  check_vector(ln_b, k, "ln_b", C);
-  using Tensors = std::initializer_list<const Tensor*>;
-  for (const Tensor* t : Tensors{&r, &g, &r_k, &ln_w, &ln_b}) check_aligned(*t, what);
-  ALBATROSS_CHECK(slots <= INT_MAX && rows <= INT_MAX && H <= 65535, "too many slots, rows or heads for one launch");
-  const DeviceGuard guard(k.get_device_index());
-  Tensor out = empty_like(k);
-  if (slots == 0 || rows == 0) return out;
-  const cudaStream_t stream = current_stream(k);
-  ALBATROSS_DISPATCH_FLOAT(k.scalar_type(), T, "k", [&] {
-    ALBATROSS_DISPATCH_FLOAT(state.scalar_type(), state_t, "state", [&] {
-      PrefillArgs<T> p;
-      p.prep = prep_args<T>(k, v, w_lora, a_lora, v_lora, v_first, w0, a0, v0, k_k, k_a, nullptr, nullptr, nullptr);
-      p.r = pointer<const T>(r);
-      p.g = pointer<const T>(g);
-      p.r_k = pointer<const T>(r_k);
-      p.ln_w = pointer<const T>(ln_w);
-      p.ln_b = pointer<const T>(ln_b);
-      p.out = pointer<T>(out);
-      p.eps = static_cast<float>(eps);
-      const dim3 grid(static_cast<unsigned>(slots), static_cast<unsigned>(H));
-      wkv_prefill_fused_kernel<T, state_t><<<grid, 32, 0, stream>>>(p, pointer<state_t>(state),
-                                                                  slot_idx.const_data_ptr<int>(),
-                                                                  cu_seqlens.const_data_ptr<int>());
-      check_launch();
-    });
-  });
-  return out;
-}
-
 Tensor relu_square_cuda(const Tensor& x) {
   check_cuda(x, "x");
   ALBATROSS_CHECK(x.is_contiguous(), "x must be contiguous");
@@ -1377,6 +1175,5 @@ STABLE_TORCH_LIBRARY_IMPL(albatross, CUDA, m) {
   m.impl("wkv_prep", TORCH_BOX(&albatross::wkv_prep_cuda));
   m.impl("gn_bonus_gate", TORCH_BOX(&albatross::gn_bonus_gate_cuda));
   m.impl("wkv_decode_step", TORCH_BOX(&albatross::wkv_decode_step_cuda));
-  m.impl("wkv_prefill_fused", TORCH_BOX(&albatross::wkv_prefill_fused_cuda));
   m.impl("relu_square", TORCH_BOX(&albatross::relu_square_cuda));
 }

@@ -65,7 +65,7 @@ __device__ __forceinline__ void store_tile_by(state_t* __restrict__ dst, float (
 // (wkv_rows.cuh's load_row and store_row, 16-byte loads of whole rows): no staging tile in shared
 // memory, whose 16.6 KB limited an SM to 11 blocks. Each load touches a different row, so it pays
 // only when many blocks share an SM (wkv_dispatch.py). The token's arithmetic is rows_step
-// (wkv_rows.cuh), which wkv_prefill_fused_kernel (fused.cu) runs too.
+// (wkv_rows.cuh).
 
 // Blocks an SM the register budget is cut for, with DIRECT rows (two rows a thread only: one row
 // direct lost to the tile wherever two rows direct did not win, docs/performance.md "Session 19"):

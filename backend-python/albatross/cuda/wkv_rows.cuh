@@ -1,7 +1,8 @@
-// The sequential WKV walk's pieces that two kernels share: wkv7.cu's wkv7_rows_kernel (the WKV op
-// over prompt chunks) and fused.cu's wkv_prefill_fused_kernel (prep, the walk and the gated group
-// norm in one launch). Both run these functions, so a slot's state and outputs are bit-identical
-// whichever kernel walked its tokens.
+// The sequential WKV walk's pieces (wkv7.cu's wkv7_rows_kernel, the WKV op over prompt chunks):
+// a state row between memory and a thread's registers, and one token's arithmetic. A kernel that
+// walks tokens some other way and runs these gives bit-identical states and outputs. (Session 20
+// built one, prep, the walk and the gated group norm in one launch; it was 6-31% slower than the
+// three kernels and was dropped: docs/performance.md.)
 //
 // A thread keeps ROWS state rows (value indices x, x + N / ROWS, ...) of 64 key entries in
 // registers for the whole chunk, so the two row reductions of a token (S @ a and S @ r) are
