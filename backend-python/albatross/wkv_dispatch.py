@@ -176,17 +176,12 @@ def wkv7(
         lengths = batch.lengths if cuts is None else tuple(_policy_length(n, c) for n, c in zip(batch.lengths, cuts))
         run = policy.chunked_run(lengths, state.shape[1])
     if run is None and cuts is None:
-        rows, direct = _whole_call_launch(state, batch)
+        rows, direct = 1, False
+        if state.is_cuda and not batch.single_token:
+            rows, direct = LAYOUT.launch(len(batch.lengths), batch.shortest, state.shape[1], multiprocessors(state.get_device()))
         return ops.wkv7(state, batch.slot_idx, batch.cu_seqlens, r, w, k, v, a, b, batch.single_token, rows, direct)
     chunked = _chunked.wkv7_chunked_triton if run is not None else _no_chunked_kernel
     return run_parts(state, _parts(batch, run, cuts), (r, w, k, v, a, b), chunked, ops.wkv7, captures)
-
-
-def _whole_call_launch(state: torch.Tensor, batch: ops.FlatBatch) -> tuple[int, bool]:
-    """(rows_per_thread, direct_rows) of a call that the sequential kernel runs whole."""
-    if state.is_cuda and not batch.single_token:
-        return LAYOUT.launch(len(batch.lengths), batch.shortest, state.shape[1], multiprocessors(state.get_device()))
-    return 1, False
 
 
 def check_cuts(cuts: tuple[int, ...], length: int) -> None:
