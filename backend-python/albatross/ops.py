@@ -147,13 +147,16 @@ def wkv7_torch(
     single_token: bool = False,
     rows_per_thread: int = 1,
     direct_rows: bool = False,
+    scaled_rows: bool = False,
 ) -> torch.Tensor:
     """The RWKV-7 recurrence (docs/architecture.md, "WKV op"), per token and head:
     `S = S * exp(-exp(w))[None, :] + (S @ a) b^T + v k^T`, `y = S @ r`, in fp32.
     (`single_token` is the caller's promise of one row per slot; `rows_per_thread` (1 or 2) and
     `direct_rows` (two rows a thread loaded straight to registers, no shared-memory tile) are the
-    CUDA kernel's launch shape for calls with longer slots. Only the CUDA op uses them, and none
-    changes a result.)
+    CUDA kernel's launch shape for calls with longer slots; neither changes a result. At two rows
+    a thread, `scaled_rows` walks the rows divided by their running decay product, which saves a
+    multiply an entry and changes only the rounding (docs/kernels.md, "Scaled walk"). Only the
+    CUDA op uses the three.)
 
     Slots are sorted by length, longest first, so at step t the slots still running are a prefix
     of the sorted list: one batched update per step covers every slot, and a decode-only call
@@ -193,7 +196,7 @@ def wkv7_torch(
 
 wkv7 = _declare(
     "wkv7(Tensor(a!) state, Tensor slot_idx, Tensor cu_seqlens, Tensor r, Tensor w, Tensor k, Tensor v, Tensor a, "
-    "Tensor b, bool single_token=False, int rows_per_thread=1, bool direct_rows=False) -> Tensor",
+    "Tensor b, bool single_token=False, int rows_per_thread=1, bool direct_rows=False, bool scaled_rows=False) -> Tensor",
     wkv7_torch,
 )
 

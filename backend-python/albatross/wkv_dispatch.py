@@ -84,7 +84,11 @@ class SequentialLayout:
     With `direct_chains_per_sm` chains an SM or more, the two rows of a thread go straight between
     memory and its registers (`direct_rows`): no shared-memory tile, so 12 blocks share an SM
     instead of 10, which pays once there are blocks to fill them; with fewer, the tile's coalesced
-    loads win."""
+    loads win.
+
+    `scaled_rows` has those two-row walks keep the rows divided by their running decay product
+    (the op's `scaled_rows`): two FMAs an entry a token instead of three, the same result but for
+    rounding (docs/kernels.md, "Scaled walk"). Off until a GPU run measures it."""
 
     # An H100 (132 SMs), one layer of 64 heads, fp32 state (docs/performance.md, "Session 17"), us
     # one row / two rows a thread: 4x512 493 / 575, 8x512 610 / 587, 16x512 900 / 827, 64x512
@@ -95,13 +99,14 @@ class SequentialLayout:
     # (3.9 chains an SM) 590 / 762, 64x512 (31) 3,269 / 2,960, 128x128 (62) 1,674 / 1,503. The
     # threshold is the direct kernel's 12 blocks an SM (none measured between 4 and 31).
     direct_chains_per_sm: int = 12
+    scaled_rows: bool = False
 
-    def launch(self, slots: int, shortest: int, heads: int, multiprocessors: int) -> tuple[int, bool]:
-        """(rows_per_thread, direct_rows) for the sequential kernel."""
+    def launch(self, slots: int, shortest: int, heads: int, multiprocessors: int) -> tuple[int, bool, bool]:
+        """(rows_per_thread, direct_rows, scaled_rows) for the sequential kernel."""
         chains = slots * heads
         if shortest < self.min_tokens or chains < self.chains_per_sm * multiprocessors:
-            return 1, False
-        return 2, chains >= self.direct_chains_per_sm * multiprocessors
+            return 1, False, False
+        return 2, chains >= self.direct_chains_per_sm * multiprocessors, self.scaled_rows
 
 
 LAYOUT = SequentialLayout()
@@ -176,10 +181,10 @@ def wkv7(
         lengths = batch.lengths if cuts is None else tuple(_policy_length(n, c) for n, c in zip(batch.lengths, cuts))
         run = policy.chunked_run(lengths, state.shape[1])
     if run is None and cuts is None:
-        rows, direct = 1, False
+        rows, direct, scaled = 1, False, False
         if state.is_cuda and not batch.single_token:
-            rows, direct = LAYOUT.launch(len(batch.lengths), batch.shortest, state.shape[1], multiprocessors(state.get_device()))
-        return ops.wkv7(state, batch.slot_idx, batch.cu_seqlens, r, w, k, v, a, b, batch.single_token, rows, direct)
+            rows, direct, scaled = LAYOUT.launch(len(batch.lengths), batch.shortest, state.shape[1], multiprocessors(state.get_device()))
+        return ops.wkv7(state, batch.slot_idx, batch.cu_seqlens, r, w, k, v, a, b, batch.single_token, rows, direct, scaled)
     chunked = _chunked.wkv7_chunked_triton if run is not None else _no_chunked_kernel
     return run_parts(state, _parts(batch, run, cuts), (r, w, k, v, a, b), chunked, ops.wkv7, captures)
 

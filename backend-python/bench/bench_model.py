@@ -10,6 +10,7 @@ host copy of the sampled ids per step, as the engine does them.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 import time
@@ -266,7 +267,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--wkv-chunked", default="on", help="prefill with the chunked WKV kernel where its policy says (on), "
                         "never (off), for every slot of the policy's min_tokens or more (always), or several in turn (on,off,always)")
     parser.add_argument("--wkv-rows", default="auto", help="prefill rows with the sequential kernel's layout as its dispatch picks it (auto), "
-                        "one state row a thread always (1), or both (auto,1)")
+                        "one state row a thread always (1), the dispatch's layout with the plain or the scaled two-row walk (plain, scaled), "
+                        "or several in turn (e.g. plain,scaled,plain,scaled)")
     parser.add_argument("--norm-rows-op", default="on" if norm_mix.ROWS_OP_BY_DEFAULT else "off",
                         help="prefill with the CUDA norm_mix_rows op (on: the residual layer norm and token-shift mixes of prompt rows "
                         "in one launch, bit-identical to the two ops), without (off), or several in turn (on,off or off,on,off,on)")
@@ -312,20 +314,23 @@ def main(argv: list[str] | None = None) -> None:
         if state_dtype == torch.float32:
             every_long_slot = f"chunked WKV for any slot of {wkv_dispatch.DEFAULT_POLICY.min_tokens}+"
             wkv_notes = {"on": "chunked WKV where the policy says", "off": "sequential WKV", "always": every_long_slot}
-            layouts = {"auto": wkv_dispatch.LAYOUT, "1": wkv_dispatch.SequentialLayout(min_tokens=1 << 30)}
+            layouts = {"auto": wkv_dispatch.LAYOUT, "1": wkv_dispatch.SequentialLayout(min_tokens=1 << 30),
+                       "plain": dataclasses.replace(wkv_dispatch.LAYOUT, scaled_rows=False),
+                       "scaled": dataclasses.replace(wkv_dispatch.LAYOUT, scaled_rows=True)}
             for setting in [v.strip() for v in args.wkv_chunked.split(",") if v.strip()]:
                 if setting not in wkv_notes:
                     raise SystemExit(f"--wkv-chunked takes on, off and always; got {setting!r}")
                 wkv_dispatch.POLICY = wkv_dispatch.ChunkedPolicy(enabled=setting != "off", max_long_heads=1 << 30 if setting == "always" else wkv_dispatch.DEFAULT_POLICY.max_long_heads)
                 for rows in [v.strip() for v in args.wkv_rows.split(",") if v.strip()]:
                     if rows not in layouts:
-                        raise SystemExit(f"--wkv-rows takes auto and 1; got {rows!r}")
+                        raise SystemExit(f"--wkv-rows takes {', '.join(layouts)}; got {rows!r}")
                     wkv_dispatch.LAYOUT = layouts[rows]
                     for rows_op in on_off_settings(args.norm_rows_op):
                         norm_mix.set_rows_op_allowed(rows_op)
                         for prompts, length in ((1, 4096), (64, 512)):
                             result = bench_prefill(model, pool, prompts, length, args.shape, args.prefill_chunk)
-                            result.note += ", " + wkv_notes[setting] + ("" if rows == "auto" else ", one state row a thread")
+                            layout_notes = {"auto": "", "1": ", one state row a thread", "plain": ", plain walk", "scaled": ", scaled walk"}
+                            result.note += ", " + wkv_notes[setting] + layout_notes[rows]
                             result.note += ", norm_mix_rows" if rows_op else ", add_layer_norm + shift_mix"
                             results.append(result)
                             print(asdict(result), flush=True)

@@ -71,9 +71,9 @@ CASES = [
 ]
 
 
-# The general kernel's launch shapes (rows_per_thread, direct_rows): wkv_dispatch.LAYOUT picks one.
-LAUNCH_SHAPES = [(1, False), (2, False), (2, True)]
-LAUNCH_IDS = ["row", "rows2", "rows2-direct"]
+# The general kernel's launch shapes (rows_per_thread, direct_rows, scaled_rows): wkv_dispatch.LAYOUT picks one.
+LAUNCH_SHAPES = [(1, False, False), (2, False, False), (2, True, False), (2, False, True), (2, True, True)]
+LAUNCH_IDS = ["row", "rows2", "rows2-direct", "rows2-scaled", "rows2-direct-scaled"]
 
 
 @pytest.mark.parametrize("lengths, heads", CASES, ids=lambda c: str(len(c)) if isinstance(c, list) else str(c))
@@ -88,10 +88,10 @@ LAUNCH_IDS = ["row", "rows2", "rows2-direct"]
     ],
     ids=["fp32", "fp16-act", "bf16-act", "fp16-state", "bf16-state"],
 )
-@pytest.mark.parametrize("rows_per_thread, direct_rows", LAUNCH_SHAPES, ids=LAUNCH_IDS)
+@pytest.mark.parametrize("rows_per_thread, direct_rows, scaled_rows", LAUNCH_SHAPES, ids=LAUNCH_IDS)
 def test_wkv7_kernel_matches_torch_twin(
     lengths: list[int], heads: int, act_dtype: torch.dtype, state_dtype: torch.dtype, tolerance: float, rows_per_thread: int,
-    direct_rows: bool,
+    direct_rows: bool, scaled_rows: bool,
 ) -> None:
     gen = torch.Generator(device="cuda").manual_seed(len(lengths) * 1000 + sum(lengths))
     pool_size = len(lengths) + 5
@@ -105,7 +105,8 @@ def test_wkv7_kernel_matches_torch_twin(
     expected = ops.wkv7_torch(expected_state, slot_idx, cu, *inputs)
     actual_state = state.clone()
     _poison_next_allocation((sum(lengths), heads * N), act_dtype)
-    actual = ops.wkv7(actual_state, slot_idx, cu, *inputs, rows_per_thread=rows_per_thread, direct_rows=direct_rows)
+    actual = ops.wkv7(actual_state, slot_idx, cu, *inputs, rows_per_thread=rows_per_thread, direct_rows=direct_rows,
+                      scaled_rows=scaled_rows)
     torch.cuda.synchronize()
 
     assert not actual.isnan().any(), "some output rows were never written"
@@ -161,7 +162,8 @@ def test_wkv7_decode_kernel_is_bit_identical_to_the_general_kernel(
 def test_two_rows_a_thread_give_the_bits_of_one(lengths: list[int], heads: int, act_dtype: torch.dtype, state_dtype: torch.dtype) -> None:
     """The general kernel's launch shape (`rows_per_thread`, `direct_rows`) changes nothing, to the
     bit: each row's arithmetic is the same in the same order, whether its state went through the
-    shared-memory tile or straight to registers."""
+    shared-memory tile or straight to registers. (`scaled_rows` changes the rounding: its own tests
+    are below.)"""
     gen = torch.Generator(device="cuda").manual_seed(sum(lengths) + heads)
     pool = len(lengths) + 3
     state = (torch.randn(pool, heads, N, N, generator=gen, device="cuda") * 0.3).to(state_dtype)
@@ -190,7 +192,7 @@ def test_the_dispatch_takes_two_rows_a_thread_where_its_layout_says(monkeypatch:
     kernel = ops.wkv7
 
     def recording(*args: object) -> torch.Tensor:
-        seen.append(args[-2:])
+        seen.append(args[-3:])
         return kernel(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ops, "wkv7", recording)
@@ -200,7 +202,9 @@ def test_the_dispatch_takes_two_rows_a_thread_where_its_layout_says(monkeypatch:
     many = -(-layout.direct_chains_per_sm * sms // heads)
     gen = torch.Generator(device="cuda").manual_seed(2)
     long = layout.min_tokens
-    for lengths, want in (([long] * slots, (2, False)), ([long] * (slots - 1) + [1], (1, False)), ([long] * many, (2, True))):
+    scaled = layout.scaled_rows
+    for lengths, want in (([long] * slots, (2, False, scaled)), ([long] * (slots - 1) + [1], (1, False, False)),
+                          ([long] * many, (2, True, scaled))):
         inputs = _wkv_inputs(lengths, heads, torch.float16, gen)
         state = (torch.randn(len(lengths), heads, N, N, generator=gen, device="cuda") * 0.3).half()
         batch = ops.FlatBatch.build(list(range(len(lengths))), lengths, torch.device("cuda"))
@@ -211,10 +215,10 @@ def test_the_dispatch_takes_two_rows_a_thread_where_its_layout_says(monkeypatch:
         assert _relative_error(y, twin) <= 2e-3 and _relative_error(state, twin_state) <= 2e-3
 
 
-@pytest.mark.parametrize("rows_per_thread, direct_rows", LAUNCH_SHAPES, ids=LAUNCH_IDS)
+@pytest.mark.parametrize("rows_per_thread, direct_rows, scaled_rows", LAUNCH_SHAPES, ids=LAUNCH_IDS)
 @pytest.mark.parametrize("act_dtype, state_dtype", DECODE_DTYPES, ids=lambda d: str(d).split(".")[-1])
 def test_one_token_slots_of_a_mixed_call_equal_the_decode_kernel(
-    act_dtype: torch.dtype, state_dtype: torch.dtype, rows_per_thread: int, direct_rows: bool
+    act_dtype: torch.dtype, state_dtype: torch.dtype, rows_per_thread: int, direct_rows: bool, scaled_rows: bool
 ) -> None:
     """A decode row that rides in a step with prompt chunks gets, to the bit, what a decode-only
     step gives it: its output and state may not depend on the other slots of the call."""
@@ -226,7 +230,7 @@ def test_one_token_slots_of_a_mixed_call_equal_the_decode_kernel(
     cu = torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
     inputs = _wkv_inputs(lengths, heads, act_dtype, gen)
     mixed_state = state.clone()
-    mixed = ops.wkv7(mixed_state, slot_idx, cu, *inputs, rows_per_thread=rows_per_thread, direct_rows=direct_rows)
+    mixed = ops.wkv7(mixed_state, slot_idx, cu, *inputs, rows_per_thread=rows_per_thread, direct_rows=direct_rows, scaled_rows=scaled_rows)
     ones = [s for s, n in enumerate(lengths) if n == 1]
     rows = cu[:-1][ones].long()
     decode_state = state.clone()
@@ -554,6 +558,7 @@ _BAD_CALLS = {
     "wkv7 slot_idx on the host": "ops.wkv7(state, slots.cpu(), cu, *rows)",
     "wkv7 rows_per_thread": "ops.wkv7(state, slots, cu, *rows, rows_per_thread=4)",
     "wkv7 direct rows at one row a thread": "ops.wkv7(state, slots, cu, *rows, direct_rows=True)",
+    "wkv7 scaled rows at one row a thread": "ops.wkv7(state, slots, cu, *rows, scaled_rows=True)",
     "layer norm weight dtype": "torch.ops.albatross.add_layer_norm(rows[0].float(), None, rows[0][0], rows[0][0], 1e-5)",
     "layer norm shape": "torch.ops.albatross.add_layer_norm(rows[0], None, rows[0][0, :64], rows[0][0, :64], 1e-5)",
     "sampler logits dtype": "torch.ops.albatross.sample(rows[0], slots.long(), *per_row(5), penalties, seen, True)",

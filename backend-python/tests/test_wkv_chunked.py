@@ -214,14 +214,16 @@ def test_the_sequential_kernel_takes_two_rows_a_thread_only_for_many_long_slots(
     deep; a decode row in the call, short chunks or few slots keep one row a thread. Twelve chains
     an SM or more take the two rows straight to registers."""
     launch = wkv_dispatch.LAYOUT.launch
-    assert launch(64, 512, 64, 132) == (2, True) and launch(128, 128, 64, 132) == (2, True)
-    assert launch(8, 512, 64, 132) == (2, False)  # 512 chains: the tile measured faster
-    assert launch(24, 512, 64, 132) == (2, False) and launch(25, 512, 64, 132) == (2, True)  # 1,584 chains
-    assert launch(4, 512, 64, 132) == (1, False)  # 256 chains: one row a thread measured faster
-    assert launch(64, 1, 64, 132) == (1, False)  # a decode row rides along
-    assert launch(960, 127, 64, 132) == (1, False)  # short chunks
-    assert launch(8, 512, 64, 200) == (1, False)  # a bigger GPU needs more chains
-    assert launch(0, 0, 64, 132) == (1, False)
+    scaled = wkv_dispatch.LAYOUT.scaled_rows
+    assert launch(64, 512, 64, 132) == (2, True, scaled) and launch(128, 128, 64, 132) == (2, True, scaled)
+    assert launch(8, 512, 64, 132) == (2, False, scaled)  # 512 chains: the tile measured faster
+    assert launch(24, 512, 64, 132) == (2, False, scaled) and launch(25, 512, 64, 132) == (2, True, scaled)  # 1,584 chains
+    assert launch(4, 512, 64, 132) == (1, False, False)  # 256 chains: one row a thread measured faster
+    assert launch(64, 1, 64, 132) == (1, False, False)  # a decode row rides along
+    assert launch(960, 127, 64, 132) == (1, False, False)  # short chunks
+    assert launch(8, 512, 64, 200) == (1, False, False)  # a bigger GPU needs more chains
+    assert launch(0, 0, 64, 132) == (1, False, False)
+    assert wkv_dispatch.SequentialLayout(scaled_rows=False).launch(64, 512, 64, 132) == (2, True, False)
 
 
 def test_the_dispatch_passes_the_layout_to_the_sequential_kernel(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -231,7 +233,7 @@ def test_the_dispatch_passes_the_layout_to_the_sequential_kernel(monkeypatch: py
     seen: list[tuple[object, ...]] = []
 
     def recording(*args: object) -> torch.Tensor:
-        seen.append(args[-2:])
+        seen.append(args[-3:])
         return ops.wkv7_torch(*args)  # type: ignore[arg-type]
 
     monkeypatch.setattr(ops, "wkv7", recording)
@@ -242,7 +244,7 @@ def test_the_dispatch_passes_the_layout_to_the_sequential_kernel(monkeypatch: py
     batch = ops.FlatBatch.build([2, 0], lengths, torch.device("cpu"))
     assert batch.shortest == 130
     wkv_dispatch.wkv7(state, batch, *inputs)
-    assert seen == [(1, False)]
+    assert seen == [(1, False, False)]
 
 
 def test_the_memory_plans_scratch_bound_covers_what_the_kernel_allocates() -> None:

@@ -77,10 +77,22 @@ constexpr int rows_min_blocks() {
   return DIRECT ? 12 : 1;
 }
 
-template <typename act_t, typename state_t, int ROWS, bool DIRECT>
+// The SCALED walk (two rows a thread, either layout; `scaled_rows`): the rows hold S~ = S / P,
+// P per key entry the product of the decays since the walk last folded them into the rows, so a
+// token's update is two FMAs an entry instead of three and reads four vectors, not five
+// (wkv_rows.cuh's rows_step_scaled). The thread that owns key entry j keeps P_j and writes the
+// token's vectors already scaled (P r, k / P, P_prev a, b / P). A token whose P would fall below
+// SCALED_FLOOR anywhere in the block, and a chunk's first token, folds instead: the plain step
+// with decay P_prev * exp(-exp(w)) and a = P_prev a, after which P = 1 again. So a one-token
+// slot gives the plain bits (the decode kernel's), a decay of 0 or NaN inputs behave as in the
+// plain walk, and 1 / P stays below 2**20. The chunk ends by folding P into the rows.
+constexpr float SCALED_FLOOR = 9.5367431640625e-07f;  // 2**-20
+
+template <typename act_t, typename state_t, int ROWS, bool DIRECT, bool SCALED>
 __global__ void __launch_bounds__(N / ROWS, (rows_min_blocks<ROWS, DIRECT>())) wkv7_rows_kernel(state_t* __restrict__ state, const int* __restrict__ slot_idx,
                                                             const int* __restrict__ cu_seqlens, const WkvInputs<act_t> in,
                                                             act_t* __restrict__ y, const int64_t y_stride, const int H) {
+  static_assert(!SCALED || ROWS == 2, "the scaled walk's vote over the block is one warp's");
   constexpr int T = N / ROWS;  // threads; thread x owns rows x, x + T, ...
   const int s = blockIdx.x, h = blockIdx.y, x = threadIdx.x;
   const int t0 = cu_seqlens[s], t1 = cu_seqlens[s + 1];
@@ -110,28 +122,77 @@ __global__ void __launch_bounds__(N / ROWS, (rows_min_blocks<ROWS, DIRECT>())) w
       for (int q = 0; q < 6; ++q) out[m][q] = to_float(in.ptr[q][(int64_t)t * in.stride[q] + h * N + x + m * T]);
   };
   float next[ROWS][6];
+  float scale[ROWS];  // SCALED: P of key entries x + m * T
+#pragma unroll
+  for (int m = 0; m < ROWS; ++m) scale[m] = 1.f;
   fetch(t0, next);
   int buf = 0;
   for (int t = t0; t < t1; ++t) {
     float vi[ROWS];
+    bool fold = true;
+    if constexpr (SCALED) {
+      float decay[ROWS], product[ROWS];
+      bool low = t == t0;
 #pragma unroll
-    for (int m = 0; m < ROWS; ++m) {
-      const int i = x + m * T;
-      vec[buf][0][i] = next[m][0];
-      vec[buf][1][i] = expf(-expf(next[m][1]));
-      vec[buf][2][i] = next[m][2];
-      vec[buf][3][i] = next[m][4];
-      vec[buf][4][i] = next[m][5];
-      vi[m] = next[m][3];
+      for (int m = 0; m < ROWS; ++m) {
+        decay[m] = expf(-expf(next[m][1]));
+        product[m] = scale[m] * decay[m];
+        low |= !(product[m] >= SCALED_FLOOR);  // NaN folds too
+      }
+      fold = __any_sync(0xffffffffu, low);
+#pragma unroll
+      for (int m = 0; m < ROWS; ++m) {
+        const int i = x + m * T;
+        vec[buf][3][i] = scale[m] * next[m][4];
+        if (fold) {
+          vec[buf][0][i] = next[m][0];
+          vec[buf][1][i] = product[m];
+          vec[buf][2][i] = next[m][2];
+          vec[buf][4][i] = next[m][5];
+          scale[m] = 1.f;
+        } else {
+          const float inverse = __fdividef(1.f, product[m]);  // MUFU.RCP: IEEE division's slow path would run every token
+          vec[buf][0][i] = product[m] * next[m][0];
+          vec[buf][2][i] = next[m][2] * inverse;
+          vec[buf][4][i] = next[m][5] * inverse;
+          scale[m] = product[m];
+        }
+        vi[m] = next[m][3];
+      }
+    } else {
+#pragma unroll
+      for (int m = 0; m < ROWS; ++m) {
+        const int i = x + m * T;
+        vec[buf][0][i] = next[m][0];
+        vec[buf][1][i] = expf(-expf(next[m][1]));
+        vec[buf][2][i] = next[m][2];
+        vec[buf][3][i] = next[m][4];
+        vec[buf][4][i] = next[m][5];
+        vi[m] = next[m][3];
+      }
     }
     if (t + 1 < t1) fetch(t + 1, next);  // in flight while this token computes
     __syncthreads();
 
     float yv[ROWS];
-    rows_step<ROWS>(st, vec[buf], vi, yv);
+    if (fold) {
+      rows_step<ROWS>(st, vec[buf], vi, yv);
+    } else {
+      rows_step_scaled<ROWS>(st, vec[buf], vi, yv);
+    }
 #pragma unroll
     for (int m = 0; m < ROWS; ++m) y[(int64_t)t * y_stride + h * N + x + m * T] = from_float<act_t>(yv[m]);
     buf ^= 1;
+  }
+
+  if constexpr (SCALED) {  // S = S~ * P (vec[buf] was last read two tokens ago, before the last barrier)
+#pragma unroll
+    for (int m = 0; m < ROWS; ++m) vec[buf][1][x + m * T] = scale[m];
+    __syncthreads();
+#pragma unroll
+    for (int m = 0; m < ROWS; ++m)
+#pragma unroll
+      for (int j = 0; j < N; ++j) st[m][j] *= vec[buf][1][j];
   }
 
   if constexpr (DIRECT) {
@@ -171,7 +232,7 @@ __global__ void __launch_bounds__(N, 16) wkv7_decode_kernel(state_t* __restrict_
 
 Tensor wkv7_cuda(Tensor state, const Tensor& slot_idx, const Tensor& cu_seqlens, const Tensor& r, const Tensor& w,
                  const Tensor& k, const Tensor& v, const Tensor& a, const Tensor& b, bool single_token,
-                 int64_t rows_per_thread, bool direct_rows) {
+                 int64_t rows_per_thread, bool direct_rows, bool scaled_rows) {
   check_cuda(state, "state");
   ALBATROSS_CHECK(state.dim() == 4 && state.size(2) == N && state.size(3) == N,
                   "state must be [slots, heads, 64, 64], got ", state.sizes());
@@ -190,6 +251,7 @@ Tensor wkv7_cuda(Tensor state, const Tensor& slot_idx, const Tensor& cu_seqlens,
                   " slots");
   ALBATROSS_CHECK(rows_per_thread == 1 || rows_per_thread == 2, "rows_per_thread must be 1 or 2, got ", rows_per_thread);
   ALBATROSS_CHECK(!direct_rows || rows_per_thread == 2, "direct_rows needs rows_per_thread 2");
+  ALBATROSS_CHECK(!scaled_rows || rows_per_thread == 2, "scaled_rows needs rows_per_thread 2");
 
   const DeviceGuard guard(state.get_device_index());
   Tensor y = new_empty(r, {T, C});
@@ -211,15 +273,17 @@ Tensor wkv7_cuda(Tensor state, const Tensor& slot_idx, const Tensor& cu_seqlens,
       } else {
         const int* slots = slot_idx.const_data_ptr<int>();
         const int* cu = cu_seqlens.const_data_ptr<int>();
-        if (direct_rows) {
-          wkv7_rows_kernel<act_t, state_t, 2, true><<<grid, N / 2, 0, stream>>>(state_ptr, slots, cu, in, y_ptr, y.stride(0),
-                                                                                 static_cast<int>(H));
-        } else if (rows_per_thread == 2) {
-          wkv7_rows_kernel<act_t, state_t, 2, false><<<grid, N / 2, 0, stream>>>(state_ptr, slots, cu, in, y_ptr, y.stride(0),
-                                                                                  static_cast<int>(H));
+        const int heads = static_cast<int>(H);
+        if (rows_per_thread == 1) {
+          wkv7_rows_kernel<act_t, state_t, 1, false, false><<<grid, N, 0, stream>>>(state_ptr, slots, cu, in, y_ptr, y.stride(0), heads);
+        } else if (direct_rows && scaled_rows) {
+          wkv7_rows_kernel<act_t, state_t, 2, true, true><<<grid, N / 2, 0, stream>>>(state_ptr, slots, cu, in, y_ptr, y.stride(0), heads);
+        } else if (direct_rows) {
+          wkv7_rows_kernel<act_t, state_t, 2, true, false><<<grid, N / 2, 0, stream>>>(state_ptr, slots, cu, in, y_ptr, y.stride(0), heads);
+        } else if (scaled_rows) {
+          wkv7_rows_kernel<act_t, state_t, 2, false, true><<<grid, N / 2, 0, stream>>>(state_ptr, slots, cu, in, y_ptr, y.stride(0), heads);
         } else {
-          wkv7_rows_kernel<act_t, state_t, 1, false><<<grid, N, 0, stream>>>(state_ptr, slots, cu, in, y_ptr, y.stride(0),
-                                                                              static_cast<int>(H));
+          wkv7_rows_kernel<act_t, state_t, 2, false, false><<<grid, N / 2, 0, stream>>>(state_ptr, slots, cu, in, y_ptr, y.stride(0), heads);
         }
       }
       check_launch();
