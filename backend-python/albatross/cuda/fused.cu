@@ -863,17 +863,17 @@ Tensor shift_mix_cuda(const Tensor& x, Tensor shift, const Tensor& slot_idx, con
   return out;
 }
 
-// The two ops' checks: x a contiguous [T, C] matrix (C <= 8192, a multiple of 8), delta like it,
-// weight and bias [C], shift_state [B, C] with x's dtype, coefficients [K, C] or [C], slot_idx one
-// int32 slot per row; every pointer 16-byte aligned, so the vectorised kernels are the ones matched.
-Tensor norm_mix_decode_cuda(Tensor x, const OptionalTensor& delta, const Tensor& weight, const Tensor& bias,
-                            Tensor shift, const Tensor& slot_idx, const Tensor& coefficients, double eps) {
+// The operands both one-launch norm + mix ops share: x a contiguous [T, C] matrix (C a multiple of
+// 8 up to 8192), the norm's weight and bias [C], the shift pool's layer [B, C] with x's dtype, and
+// the mix coefficients ([K, C] or one [C] vector). Returns K. Each op then checks its own (delta,
+// slot_idx, cu_seqlens); every pointer 16-byte aligned, so the vectorised kernels are the ones matched.
+int64_t check_norm_mix_operands(const Tensor& x, const Tensor& weight, const Tensor& bias, const Tensor& shift,
+                                const Tensor& coefficients, const char* op) {
   check_cuda(x, "x");
   ALBATROSS_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [T, C] matrix, got ", x.sizes());
-  const int64_t rows = x.size(0), C = x.size(1);
-  ALBATROSS_CHECK(C % kVec == 0 && C <= kThreads * kRowRegs, "norm_mix_decode needs C a multiple of 8 up to ",
-                  kThreads * kRowRegs, ", got ", C);
-  if (delta.has_value()) check_matrix(*delta, x, "delta", rows, C);
+  const int64_t C = x.size(1);
+  ALBATROSS_CHECK(C % kVec == 0 && C <= kThreads * kRowRegs, op, " needs C a multiple of 8 up to ", kThreads * kRowRegs,
+                  ", got ", C);
   check_vector(weight, x, "weight", C);
   check_vector(bias, x, "bias", C);
   check_cuda(shift, "shift_state");
@@ -885,7 +885,15 @@ Tensor norm_mix_decode_cuda(Tensor x, const OptionalTensor& delta, const Tensor&
   const bool single = coefficients.dim() == 1;  // one [T, C] mix instead of [K, T, C]
   ALBATROSS_CHECK((single && coefficients.size(0) == C) || (coefficients.dim() == 2 && coefficients.size(1) == C),
                   "coefficients must be [K, ", C, "] or [", C, "], got ", coefficients.sizes());
-  const int64_t K = single ? 1 : coefficients.size(0);
+  return single ? 1 : coefficients.size(0);
+}
+
+Tensor norm_mix_decode_cuda(Tensor x, const OptionalTensor& delta, const Tensor& weight, const Tensor& bias,
+                            Tensor shift, const Tensor& slot_idx, const Tensor& coefficients, double eps) {
+  const int64_t K = check_norm_mix_operands(x, weight, bias, shift, coefficients, "norm_mix_decode");
+  const int64_t rows = x.size(0), C = x.size(1);
+  const bool single = coefficients.dim() == 1;
+  if (delta.has_value()) check_matrix(*delta, x, "delta", rows, C);
   check_cuda(slot_idx, "slot_idx");
   ALBATROSS_CHECK(slot_idx.scalar_type() == ScalarType::Int && slot_idx.dim() == 1 && slot_idx.is_contiguous() &&
                       slot_idx.size(0) == rows && slot_idx.device() == x.device(),
@@ -915,24 +923,10 @@ Tensor norm_mix_decode_cuda(Tensor x, const OptionalTensor& delta, const Tensor&
 std::tuple<Tensor, Tensor> norm_mix_rows_cuda(const Tensor& x, const Tensor& delta, const Tensor& weight,
                                               const Tensor& bias, Tensor shift, const Tensor& slot_idx,
                                               const Tensor& cu_seqlens, const Tensor& coefficients, double eps) {
-  check_cuda(x, "x");
-  ALBATROSS_CHECK(x.dim() == 2 && x.is_contiguous(), "x must be a contiguous [T, C] matrix, got ", x.sizes());
+  const int64_t K = check_norm_mix_operands(x, weight, bias, shift, coefficients, "norm_mix_rows");
   const int64_t rows = x.size(0), C = x.size(1);
-  ALBATROSS_CHECK(C % kVec == 0 && C <= kThreads * kRowRegs, "norm_mix_rows needs C a multiple of 8 up to ",
-                  kThreads * kRowRegs, ", got ", C);
+  const bool single = coefficients.dim() == 1;
   check_matrix(delta, x, "delta", rows, C);
-  check_vector(weight, x, "weight", C);
-  check_vector(bias, x, "bias", C);
-  check_cuda(shift, "shift_state");
-  ALBATROSS_CHECK(shift.scalar_type() == x.scalar_type() && shift.dim() == 2 && shift.size(1) == C &&
-                      shift.stride(1) == 1 && shift.stride(0) % kVec == 0 && shift.device() == x.device(),
-                  "shift_state must be [B, ", C, "] on x's device with x's dtype, unit channel stride and a row stride "
-                  "that is a multiple of 8, got ", shift.sizes());
-  check_same(coefficients, x, "coefficients");
-  const bool single = coefficients.dim() == 1;  // one [T, C] mix instead of [K, T, C]
-  ALBATROSS_CHECK((single && coefficients.size(0) == C) || (coefficients.dim() == 2 && coefficients.size(1) == C),
-                  "coefficients must be [K, ", C, "] or [", C, "], got ", coefficients.sizes());
-  const int64_t K = single ? 1 : coefficients.size(0);
   const int64_t S = check_slots(slot_idx, cu_seqlens);
   ALBATROSS_CHECK(slot_idx.device() == x.device() && cu_seqlens.device() == x.device(),
                   "slot_idx and cu_seqlens must be on ", device_name(x));
