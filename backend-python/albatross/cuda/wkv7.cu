@@ -80,7 +80,7 @@ constexpr int rows_min_blocks() {
 // The SCALED walk (two rows a thread, either layout; `scaled_rows`): the rows hold S~ = S / P,
 // P per key entry the product of the decays since the walk last folded them into the rows, so a
 // token's update is two FMAs an entry instead of three and reads four vectors, not five
-// (wkv_rows.cuh's rows_step_scaled). The thread that owns key entry j keeps P_j and writes the
+// (wkv_rows.cuh's rows_step<ROWS, true>). The thread that owns key entry j keeps P_j and writes the
 // token's vectors already scaled (P r, k / P, P_prev a, b / P). A token whose P would fall below
 // SCALED_FLOOR anywhere in the block, and a chunk's first token, folds instead: the plain step
 // with decay P_prev * exp(-exp(w)) and a = P_prev a, after which P = 1 again. So a one-token
@@ -178,7 +178,7 @@ __global__ void __launch_bounds__(N / ROWS, (rows_min_blocks<ROWS, DIRECT>())) w
     if (fold) {
       rows_step<ROWS>(st, vec[buf], vi, yv);
     } else {
-      rows_step_scaled<ROWS>(st, vec[buf], vi, yv);
+      rows_step<ROWS, true>(st, vec[buf], vi, yv);
     }
 #pragma unroll
     for (int m = 0; m < ROWS; ++m) y[(int64_t)t * y_stride + h * N + x + m * T] = from_float<act_t>(yv[m]);
