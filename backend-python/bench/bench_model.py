@@ -166,9 +166,32 @@ def profile_prefill(model: RWKV7, pool: StatePool, prompts: int, length: int) ->
     model.forward(pool, slots, data)
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        start = time.perf_counter()
         model.forward(pool, slots, data)
         torch.cuda.synchronize()
-    return _kernel_table(prof)
+        wall_ms = 1000 * (time.perf_counter() - start)
+    return _device_busy(prof, wall_ms) + "\n" + _kernel_table(prof)
+
+
+def _device_busy(prof: object, wall_ms: float) -> str:
+    """Where a call's wall time went on the device: the span from its first kernel or copy to its
+    last, how much of that span some kernel or copy was running (the union of their intervals), and
+    the idle rest, against the call's wall time (host work before the first launch and after the
+    last shows as wall minus span)."""
+    intervals = sorted((e.time_range.start, e.time_range.end) for e in prof.events()  # type: ignore[attr-defined]
+                       if e.device_type == torch.autograd.DeviceType.CUDA and e.time_range.end > e.time_range.start)  # fmt: skip
+    if not intervals:
+        return f"wall {wall_ms:.1f} ms; no device events recorded"
+    busy, (lo, hi) = 0.0, intervals[0]
+    for start, end in intervals[1:]:
+        if start > hi:
+            busy, lo, hi = busy + hi - lo, start, end
+        else:
+            hi = max(hi, end)
+    busy += hi - lo
+    span = max(end for _, end in intervals) - intervals[0][0]  # us, as the profiler's time ranges
+    return (f"wall {wall_ms:.1f} ms (profiled), device span {span / 1e3:.1f} ms, busy {busy / 1e3:.1f} ms, "
+            f"idle inside the span {(span - busy) / 1e3:.1f} ms, outside it {wall_ms - span / 1e3:.1f} ms")
 
 
 def _kernel_table(prof: object) -> str:

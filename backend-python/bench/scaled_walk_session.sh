@@ -3,7 +3,8 @@
 # prebuilt, the GPU tests of the WKV kernel (the scaled walk's own, the op's, the model's), one
 # layer of the sequential kernel with the plain and the scaled walk at both two-row layouts
 # (bench_wkv.py), the 7.2B prefill with the plain and the scaled walk in turn (twice each, so a
-# drift of the card's clock shows), then where a direct launch's cycles go, plain against scaled
+# drift of the card's clock shows), a profiled 64 x 512 prefill (how much of its wall time the
+# device is busy), then where a direct launch's cycles go, plain against scaled
 # (Nsight Compute's scheduler and warp-state sections, when ncu is there). Most important first;
 # each step has its timeout.
 #   bash backend-python/bench/scaled_walk_session.sh   (repository root, .whl/ carried)
@@ -24,9 +25,11 @@ fi
 echo "== one layer, 64 heads: the two-row walks, plain and scaled" | tee -a "$log"
 timeout 150 python3 bench/bench_wkv.py --batches= --prefill 64x512,128x128,32x512,8x512 --rows-per-thread 2,2s,2d,2ds \
     --state-dtypes fp16,fp32 --json "$OUT/wkv.json" 2>&1 | grep -v "^{" | tee -a "$log" | tail -36
-echo "== 7.2B prefill, plain and scaled walk in turn" | tee -a "$log"
-timeout 300 python3 bench/bench_model.py --batches 64 --graph-batches= --fp16-graph-batches= --steps 3 --skip-accuracy \
-    --wkv-rows plain,scaled,plain,scaled --json "$OUT/prefill.json" 2>&1 | grep -v "^{" | tee -a "$log" | tail -14
+echo "== 7.2B prefill, plain and scaled walk in turn; then 64 x 512 profiled (the default walk): device span, busy, idle" | tee -a "$log"
+timeout 360 python3 bench/bench_model.py --batches 64 --graph-batches= --fp16-graph-batches= --steps 3 --skip-accuracy \
+    --wkv-rows plain,scaled,plain,scaled --profile-prefill 64x512 --json "$OUT/prefill.json" 2>&1 | grep -v "^{" \
+    | tee "$OUT/prefill.log" | tail -16 | tee -a "$log"
+grep -A26 "== profile" "$OUT/prefill.log" | cut -c1-160 >> "$log"
 if [ "${NCU:-1}" = 1 ] && command -v ncu >/dev/null 2>&1; then
   echo "== ncu: one direct launch each, plain then scaled (64 x 512, fp16 state)" | tee -a "$log"
   timeout 180 ncu --kernel-name regex:wkv7_rows_kernel --launch-skip 1 --launch-count 1 --section SchedulerStats \
