@@ -88,6 +88,18 @@ constexpr int rows_min_blocks() {
 // plain walk, and 1 / P stays below 2**20. The chunk ends by folding P into the rows.
 constexpr float SCALED_FLOOR = 9.5367431640625e-07f;  // 2**-20
 
+// 1 / x for SCALED_FLOOR <= x <= 1 in one MUFU.RCP (within an ulp or two; the error only rounds
+// k / P and b / P once more): IEEE division, or __fdividef's range checks, would run every token.
+__device__ __forceinline__ float reciprocal(float x) {
+#ifdef __CUDA_ARCH__
+  float r;
+  asm("rcp.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+  return r;
+#else
+  return 1.f / x;
+#endif
+}
+
 template <typename act_t, typename state_t, int ROWS, bool DIRECT, bool SCALED>
 __global__ void __launch_bounds__(N / ROWS, (rows_min_blocks<ROWS, DIRECT>())) wkv7_rows_kernel(state_t* __restrict__ state, const int* __restrict__ slot_idx,
                                                             const int* __restrict__ cu_seqlens, const WkvInputs<act_t> in,
@@ -151,7 +163,7 @@ __global__ void __launch_bounds__(N / ROWS, (rows_min_blocks<ROWS, DIRECT>())) w
           vec[buf][4][i] = next[m][5];
           scale[m] = 1.f;
         } else {
-          const float inverse = __fdividef(1.f, product[m]);  // MUFU.RCP: IEEE division's slow path would run every token
+          const float inverse = reciprocal(product[m]);
           vec[buf][0][i] = product[m] * next[m][0];
           vec[buf][2][i] = next[m][2] * inverse;
           vec[buf][4][i] = next[m][5] * inverse;
