@@ -97,7 +97,7 @@ def test_the_scaled_walk_is_as_accurate_as_the_plain_walk(lengths: list[int], lo
     gen = torch.Generator(device=DEV).manual_seed(len(lengths))
     pool = len(lengths) + 2
     state = torch.randn(pool, heads, N, N, generator=gen, device=DEV) * 0.3
-    slots = torch.randperm(pool, generator=gen).tolist()[: len(lengths)]
+    slots = torch.randperm(pool, generator=gen, device=DEV).tolist()[: len(lengths)]
     want_state, want_y = _float64_walk(state, slots, lengths, inputs)
     plain, scaled = state.clone(), state.clone()
     y_plain = _call(plain, slots, lengths, inputs, direct_rows=direct, **PLAIN)
@@ -131,8 +131,9 @@ def test_a_chunks_first_token_gives_the_plain_bits(act_dtype: torch.dtype, state
     assert torch.equal(y_tile[firsts], y_plain[firsts])
     ones = [s for s, n in enumerate(lengths) if n == 1]
     assert torch.equal(tile[ones], plain[ones])
-    longer = [s for s, n in enumerate(lengths) if n > 2]
-    assert not torch.equal(tile[longer], plain[longer]), "the scaled walk did not run (same bits as the plain one)"
+    if state_dtype == torch.float32:  # a 16-bit state can round both walks' states to the same bits
+        longer = [s for s, n in enumerate(lengths) if n > 2]
+        assert not torch.equal(tile[longer], plain[longer]), "the scaled walk did not run (same bits as the plain one)"
 
 
 def test_a_slot_fed_in_two_chunks_ends_where_one_chunk_does() -> None:
