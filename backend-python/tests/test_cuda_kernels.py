@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from albatross import cuda_ops, ops, sampler
 from sampler_oracles import draw_accepts
+from wkv_reference import wkv_inputs
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
@@ -29,21 +29,8 @@ def kernels() -> None:
 
 
 def _wkv_inputs(lengths: list[int], heads: int, dtype: torch.dtype, gen: torch.Generator) -> list[torch.Tensor]:
-    """r, w, k, v, a, b with a trained model's ranges: log-decay in [-5, -0.5], a = -kk and
-    b = kk * gate with kk unit-norm per head (so the state stays bounded)."""
-    T, C = sum(lengths), heads * N
-    dev = "cuda"
-
-    def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen, device=dev)
-
-    r = randn(T, C) * 0.5
-    w = -0.5 - 4.5 * torch.rand(T, C, generator=gen, device=dev)
-    k = randn(T, C) * 0.3
-    v = randn(T, C) * 0.5
-    kk = F.normalize(randn(T, heads, N), dim=-1).view(T, C)
-    gate = torch.sigmoid(randn(T, C))
-    return [x.to(dtype) for x in (r, w, k, v, -kk, kk * gate)]
+    """r, w, k, v, a, b with a trained model's ranges on the GPU (wkv_reference.wkv_inputs)."""
+    return wkv_inputs(lengths, heads, dtype, gen, device="cuda")
 
 
 def _poison_next_allocation(shape: tuple[int, ...], dtype: torch.dtype) -> None:

@@ -14,10 +14,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from albatross import cuda_ops, ops
-from wkv_oracles import walk
+from wkv_reference import wkv7_float64, wkv_inputs
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs an NVIDIA GPU")]
 
@@ -33,39 +32,19 @@ def kernels() -> None:
 
 
 def _inputs(lengths: list[int], heads: int, dtype: torch.dtype, seed: int, log_decay: tuple[float, float] = (-5.0, -0.5)) -> list[torch.Tensor]:
-    """r, w, k, v, a, b as a trained model's: w uniform in `log_decay` (the model's range is
-    [-inf, -0.5]: decays of 0.545 and up), a = -kk, b = kk * gate, kk unit-norm per head."""
-    gen = torch.Generator(device=DEV).manual_seed(seed)
-    T, C = sum(lengths), heads * N
-
-    def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen, device=DEV)
-
-    low, high = log_decay
-    r, k, v = randn(T, C) * 0.5, randn(T, C) * 0.3, randn(T, C) * 0.5
-    w = low + (high - low) * torch.rand(T, C, generator=gen, device=DEV)
-    kk = F.normalize(randn(T, heads, N), dim=-1).view(T, C)
-    gate = torch.sigmoid(randn(T, C))
-    return [x.to(dtype) for x in (r, w, k, v, -kk, kk * gate)]
+    """r, w, k, v, a, b in a trained model's ranges, w uniform in `log_decay` (a model's range is
+    [-inf, -0.5]: decays of 0.545 and up)."""
+    return wkv_inputs(lengths, heads, dtype, torch.Generator(device=DEV).manual_seed(seed), device=DEV, log_decay=log_decay)
 
 
-def _float64_walk(state: torch.Tensor, slots: list[int], lengths: list[int], inputs: list[torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The recurrence in float64, slot by slot: (new state of the pool, y)."""
-    state = state.double().clone()
-    heads = state.shape[1]
-    ys, start = [], 0
-    for slot, length in zip(slots, lengths):
-        rows = [x[start : start + length].view(length, heads, N) for x in inputs]
-        state[slot], y = walk(state[slot], rows, torch.float64)
-        ys.append(y.reshape(length, heads * N))
-        start += length
-    return state, torch.cat(ys)
+def _batch(slots: list[int], lengths: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """slot_idx and cu_seqlens of a call."""
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
+    return torch.tensor(slots, dtype=torch.int32, device=DEV), cu
 
 
 def _call(state: torch.Tensor, slots: list[int], lengths: list[int], inputs: list[torch.Tensor], **shape: object) -> torch.Tensor:
-    slot_idx = torch.tensor(slots, dtype=torch.int32, device=DEV)
-    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=DEV)
-    y = ops.wkv7(state, slot_idx, cu, *inputs, **shape)
+    y = ops.wkv7(state, *_batch(slots, lengths), *inputs, **shape)
     torch.cuda.synchronize()
     return y
 
@@ -98,13 +77,13 @@ def test_the_scaled_walk_is_as_accurate_as_the_plain_walk(lengths: list[int], lo
     pool = len(lengths) + 2
     state = torch.randn(pool, heads, N, N, generator=gen, device=DEV) * 0.3
     slots = torch.randperm(pool, generator=gen, device=DEV).tolist()[: len(lengths)]
-    want_state, want_y = _float64_walk(state, slots, lengths, inputs)
+    want_y, want_state = wkv7_float64(state, *_batch(slots, lengths), *inputs)
     plain, scaled = state.clone(), state.clone()
     y_plain = _call(plain, slots, lengths, inputs, direct_rows=direct, **PLAIN)
     y_scaled = _call(scaled, slots, lengths, inputs, direct_rows=direct, **SCALED)
     assert torch.isfinite(y_scaled).all() and torch.isfinite(scaled).all()
     floor = 1e-6  # a few float32 ulps of the largest entries: the bound where both walks are near exact
-    for name, got, ref, want in (("state", scaled, plain, want_state), ("y", y_scaled, y_plain, want_y)):
+    for name, got, ref, want in (("state", scaled[slots], plain[slots], want_state), ("y", y_scaled, y_plain, want_y)):
         error, plain_error = _max_error(got, want), _max_error(ref, want)
         assert error <= 2 * plain_error + floor, f"{name}: scaled {error:.2e} against plain {plain_error:.2e}"
     untouched = [s for s in range(pool) if s not in slots]

@@ -1,5 +1,5 @@
 """The scaled WKV walk's algorithm on the CPU (docs/kernels.md, "Scaled walk"; the kernel itself is
-tested on a GPU by test_wkv_scaled_cuda.py): its float32 arithmetic (`wkv_oracles.scaled_walk`)
+tested on a GPU by test_wkv_scaled_cuda.py): its float32 arithmetic (`wkv_reference.scaled_walk`)
 is as accurate against a float64 walk as the plain float32 walk, folds exactly where the rule
 says, and gives the plain walk's bits wherever every token folds (a chunk's first token, decays
 of 0)."""
@@ -10,25 +10,18 @@ import math
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from wkv_oracles import SCALED_FLOOR, scaled_walk, walk
+from wkv_reference import SCALED_FLOOR, scaled_walk, walk, wkv_inputs
 
 H, N = 2, 64
 
 
 def _inputs(T: int, log_decay: tuple[float, float], seed: int) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """A state and r, w, k, v, a, b in a trained model's ranges (w uniform in `log_decay`)."""
+    """A state and one slot's rows r, w, k, v, a, b ([T, H, N]) in a trained model's ranges, w
+    uniform in `log_decay`."""
     gen = torch.Generator().manual_seed(seed)
-
-    def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen)
-
-    low, high = log_decay
-    kk = F.normalize(randn(T, H, N), dim=-1)
-    inputs = [randn(T, H, N) * 0.5, low + (high - low) * torch.rand(T, H, N, generator=gen), randn(T, H, N) * 0.3,
-              randn(T, H, N) * 0.5, -kk, kk * torch.sigmoid(randn(T, H, N))]  # fmt: skip
-    return randn(H, N, N) * 0.3, inputs
+    inputs = wkv_inputs([T], H, torch.float32, gen, log_decay=log_decay)
+    return torch.randn(H, N, N, generator=gen) * 0.3, [x.view(T, H, N) for x in inputs]
 
 
 def _max_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
