@@ -337,9 +337,9 @@ def main(argv: list[str] | None = None) -> None:
         if state_dtype == torch.float32:
             every_long_slot = f"chunked WKV for any slot of {wkv_dispatch.DEFAULT_POLICY.min_tokens}+"
             wkv_notes = {"on": "chunked WKV where the policy says", "off": "sequential WKV", "always": every_long_slot}
-            layouts = {"auto": wkv_dispatch.LAYOUT, "1": wkv_dispatch.SequentialLayout(min_tokens=1 << 30),
-                       "plain": dataclasses.replace(wkv_dispatch.LAYOUT, scaled_rows=False),
-                       "scaled": dataclasses.replace(wkv_dispatch.LAYOUT, scaled_rows=True)}
+            layouts = {"auto": (wkv_dispatch.LAYOUT, ""), "1": (wkv_dispatch.SequentialLayout(min_tokens=1 << 30), ", one state row a thread"),
+                       "plain": (dataclasses.replace(wkv_dispatch.LAYOUT, scaled_rows=False), ", plain walk"),
+                       "scaled": (dataclasses.replace(wkv_dispatch.LAYOUT, scaled_rows=True), ", scaled walk")}  # fmt: skip
             for setting in [v.strip() for v in args.wkv_chunked.split(",") if v.strip()]:
                 if setting not in wkv_notes:
                     raise SystemExit(f"--wkv-chunked takes on, off and always; got {setting!r}")
@@ -347,19 +347,18 @@ def main(argv: list[str] | None = None) -> None:
                 for rows in [v.strip() for v in args.wkv_rows.split(",") if v.strip()]:
                     if rows not in layouts:
                         raise SystemExit(f"--wkv-rows takes {', '.join(layouts)}; got {rows!r}")
-                    wkv_dispatch.LAYOUT = layouts[rows]
+                    wkv_dispatch.LAYOUT, layout_note = layouts[rows]
                     for rows_op in on_off_settings(args.norm_rows_op):
                         norm_mix.set_rows_op_allowed(rows_op)
                         for prompts, length in ((1, 4096), (64, 512)):
                             result = bench_prefill(model, pool, prompts, length, args.shape, args.prefill_chunk)
-                            layout_notes = {"auto": "", "1": ", one state row a thread", "plain": ", plain walk", "scaled": ", scaled walk"}
-                            result.note += ", " + wkv_notes[setting] + layout_notes[rows]
+                            result.note += ", " + wkv_notes[setting] + layout_note
                             result.note += ", norm_mix_rows" if rows_op else ", add_layer_norm + shift_mix"
                             results.append(result)
                             print(asdict(result), flush=True)
                     norm_mix.set_rows_op_allowed(norm_mix.ROWS_OP_BY_DEFAULT)
             wkv_dispatch.POLICY = wkv_dispatch.DEFAULT_POLICY
-            wkv_dispatch.LAYOUT = layouts["auto"]
+            wkv_dispatch.LAYOUT = layouts["auto"][0]
             for gemv in on_off_settings(args.gemv) if graph_batches else ():
                 linear.set_gemv_allowed(gemv)  # captured into the graphs below
                 note = tag + (", GEMV for <= 4 rows" if linear.gemv_enabled() else ", cuBLAS")
