@@ -285,17 +285,19 @@ Tensor wkv7_cuda(Tensor state, const Tensor& slot_idx, const Tensor& cu_seqlens,
       } else {
         const int* slots = slot_idx.const_data_ptr<int>();
         const int* cu = cu_seqlens.const_data_ptr<int>();
-        const int heads = static_cast<int>(H);
+        const auto launch = [&](auto kernel, int threads) {
+          kernel<<<grid, threads, 0, stream>>>(state_ptr, slots, cu, in, y_ptr, y.stride(0), static_cast<int>(H));
+        };
         if (rows_per_thread == 1) {
-          wkv7_rows_kernel<act_t, state_t, 1, false, false><<<grid, N, 0, stream>>>(state_ptr, slots, cu, in, y_ptr, y.stride(0), heads);
+          launch(wkv7_rows_kernel<act_t, state_t, 1, false, false>, N);
         } else if (direct_rows && scaled_rows) {
-          wkv7_rows_kernel<act_t, state_t, 2, true, true><<<grid, N / 2, 0, stream>>>(state_ptr, slots, cu, in, y_ptr, y.stride(0), heads);
+          launch(wkv7_rows_kernel<act_t, state_t, 2, true, true>, N / 2);
         } else if (direct_rows) {
-          wkv7_rows_kernel<act_t, state_t, 2, true, false><<<grid, N / 2, 0, stream>>>(state_ptr, slots, cu, in, y_ptr, y.stride(0), heads);
+          launch(wkv7_rows_kernel<act_t, state_t, 2, true, false>, N / 2);
         } else if (scaled_rows) {
-          wkv7_rows_kernel<act_t, state_t, 2, false, true><<<grid, N / 2, 0, stream>>>(state_ptr, slots, cu, in, y_ptr, y.stride(0), heads);
+          launch(wkv7_rows_kernel<act_t, state_t, 2, false, true>, N / 2);
         } else {
-          wkv7_rows_kernel<act_t, state_t, 2, false, false><<<grid, N / 2, 0, stream>>>(state_ptr, slots, cu, in, y_ptr, y.stride(0), heads);
+          launch(wkv7_rows_kernel<act_t, state_t, 2, false, false>, N / 2);
         }
       }
       check_launch();
