@@ -32,14 +32,12 @@ timeout 360 python3 bench/bench_model.py --batches 64 --graph-batches= --fp16-gr
 grep -A26 "== profile" "$OUT/prefill.log" | cut -c1-160 >> "$log"
 if [ "${NCU:-1}" = 1 ] && command -v ncu >/dev/null 2>&1; then
   echo "== ncu: one direct launch each, plain then scaled (64 x 512, fp16 state)" | tee -a "$log"
-  timeout 180 ncu --kernel-name regex:wkv7_rows_kernel --launch-skip 1 --launch-count 1 --section SchedulerStats \
-      --section WarpStateStats --section LaunchStats --section Occupancy --section SpeedOfLight \
-      python3 bench/bench_wkv.py --batches= --prefill 64x512 --rows-per-thread 2d --state-dtypes fp16 --iters 10 2>&1 \
-      | grep -v "^{" | tee "$OUT/ncu_plain.txt" | tail -3
-  timeout 180 ncu --kernel-name regex:wkv7_rows_kernel --launch-skip 1 --launch-count 1 --section SchedulerStats \
-      --section WarpStateStats --section LaunchStats --section Occupancy --section SpeedOfLight \
-      python3 bench/bench_wkv.py --batches= --prefill 64x512 --rows-per-thread 2ds --state-dtypes fp16 --iters 10 2>&1 \
-      | grep -v "^{" | tee "$OUT/ncu_scaled.txt" | tail -3
+  for walk in plain:2d scaled:2ds; do
+    timeout 180 ncu --kernel-name regex:wkv7_rows_kernel --launch-skip 1 --launch-count 1 --section SchedulerStats \
+        --section WarpStateStats --section LaunchStats --section Occupancy --section SpeedOfLight \
+        python3 bench/bench_wkv.py --batches= --prefill 64x512 --rows-per-thread "${walk#*:}" --state-dtypes fp16 --iters 10 2>&1 \
+        | grep -v "^{" | tee "$OUT/ncu_${walk%%:*}.txt" | tail -3
+  done
 fi
 if [ "${WHOLE:-0}" = 1 ]; then
   echo "== the whole GPU suite" | tee -a "$log"
