@@ -88,7 +88,9 @@ class SequentialLayout:
 
     `scaled_rows` has those two-row walks keep the rows divided by their running decay product
     (the op's `scaled_rows`): two FMAs an entry a token instead of three, the same result but for
-    rounding (docs/kernels.md, "Scaled walk"). Off until a GPU run measures it."""
+    rounding (docs/kernels.md, "Scaled walk"). On: an H100 walked one layer of 64 x 512 in 2,759
+    us instead of 2,954 (fp16 state, direct rows) and the 7.2B 64 x 512 prefill ran 0.9% faster
+    (docs/performance.md, "Session 22")."""
 
     # An H100 (132 SMs), one layer of 64 heads, fp32 state (docs/performance.md, "Session 17"), us
     # one row / two rows a thread: 4x512 493 / 575, 8x512 610 / 587, 16x512 900 / 827, 64x512
@@ -96,10 +98,14 @@ class SequentialLayout:
     min_tokens: int = 128
     chains_per_sm: int = 3
     # An H200 (132 SMs), fp16 state ("Session 19"), us, two rows with the tile / direct: 8x512
-    # (3.9 chains an SM) 590 / 762, 64x512 (31) 3,269 / 2,960, 128x128 (62) 1,674 / 1,503. The
-    # threshold is the direct kernel's 12 blocks an SM (none measured between 4 and 31).
-    direct_chains_per_sm: int = 12
-    scaled_rows: bool = False
+    # (3.9 chains an SM) 590 / 762, 64x512 (31) 3,269 / 2,960, 128x128 (62) 1,674 / 1,503. An
+    # H100, scaled walk ("Session 22"), tile / direct: 32x512 (15.5) 1,542 / 1,671 with fp16
+    # state and 1,559 / 1,636 with fp32, so the tile still wins there; the threshold sits between
+    # 15.5 and 31, where
+    # the direct kernel's 12 blocks an SM start to save a wave over the tile's 10 (none measured
+    # between the two).
+    direct_chains_per_sm: int = 24
+    scaled_rows: bool = True
 
     def launch(self, slots: int, shortest: int, heads: int, multiprocessors: int) -> tuple[int, bool, bool]:
         """(rows_per_thread, direct_rows, scaled_rows) for the sequential kernel."""

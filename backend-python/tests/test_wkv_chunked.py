@@ -211,13 +211,14 @@ def test_the_default_policy_chunks_up_to_four_long_slots() -> None:
 
 def test_the_sequential_kernel_takes_two_rows_a_thread_only_for_many_long_slots() -> None:
     """Two rows a thread once every slot is long and the chains fill an H100's 132 SMs three
-    deep; a decode row in the call, short chunks or few slots keep one row a thread. Twelve chains
-    an SM or more take the two rows straight to registers."""
+    deep; a decode row in the call, short chunks or few slots keep one row a thread. Twenty-four
+    chains an SM or more take the two rows straight to registers."""
     launch = wkv_dispatch.LAYOUT.launch
     scaled = wkv_dispatch.LAYOUT.scaled_rows
     assert launch(64, 512, 64, 132) == (2, True, scaled) and launch(128, 128, 64, 132) == (2, True, scaled)
     assert launch(8, 512, 64, 132) == (2, False, scaled)  # 512 chains: the tile measured faster
-    assert launch(24, 512, 64, 132) == (2, False, scaled) and launch(25, 512, 64, 132) == (2, True, scaled)  # 1,584 chains
+    assert launch(32, 512, 64, 132) == (2, False, scaled)  # 2,048 chains: the tile measured faster
+    assert launch(49, 512, 64, 132) == (2, False, scaled) and launch(50, 512, 64, 132) == (2, True, scaled)  # 3,168 chains
     assert launch(4, 512, 64, 132) == (1, False, False)  # 256 chains: one row a thread measured faster
     assert launch(64, 1, 64, 132) == (1, False, False)  # a decode row rides along
     assert launch(960, 127, 64, 132) == (1, False, False)  # short chunks
