@@ -1,7 +1,7 @@
 """The CUDA `norm_mix_rows` op on a GPU (skipped without one): bit-identical to `add_layer_norm`
 then `shift_mix` (their vectorised kernels) for every activation dtype, each width class of the
 kernel (one, two and four groups of 8 channels a thread), K mixes or one, slots of 1 to 130 rows
-cut at every place a block's four rows can cut them, shuffled slots of a layered shift pool; x
+cut at every place a block's rows (and the pairs it norms at once) can cut them, shuffled slots of a layered shift pool; x
 is left as it was, the new residual comes out of place, and untouched slots keep their shift
 vectors; the model's dispatch takes it only for prompt rows with a residual; a model prefilling
 through it gives the same logits and states, bit for bit, as without it; and its argument checks
@@ -70,7 +70,8 @@ def test_the_op_is_bit_identical_to_the_two_ops(dtype: torch.dtype, C: int, mixe
     _assert_identical(_operands(LENGTHS, C, mixes, dtype, seed=C + mixes))
 
 
-@pytest.mark.parametrize("lengths", [(1,), (3,), (4,), (5,), (1,) * 9, (4, 4, 1, 3), (512,) * 8])
+@pytest.mark.parametrize("lengths", [(1,), (2,), (3,), (4,), (5,), (7,), (8,), (9,), (1,) * 9, (4, 4, 1, 3), (8, 1, 8, 2),
+                                     (3, 6, 7, 1, 1), (512,) * 8])
 def test_every_cut_of_a_slot_by_the_blocks_is_bit_identical(lengths: tuple[int, ...]) -> None:
     _assert_identical(_operands(lengths, 4096, 6, torch.float16, seed=len(lengths)))
 
