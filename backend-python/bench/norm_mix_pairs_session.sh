@@ -6,7 +6,7 @@
 # side runs the op's GPU tests first (bit-identity with add_layer_norm + shift_mix, the model
 # through it). The committed side is timed twice, before and after, so the card's drift shows.
 #   bash backend-python/bench/norm_mix_pairs_session.sh   (repository root, .whl/ carried)
-# Knobs: TESTS=0, MODEL=0. Output: $OUT/log.txt.
+# Knobs: TESTS=0, MODEL=0, AGAIN=0 (no second committed side). Output: $OUT/log.txt.
 set -uo pipefail
 . "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
 export ALBATROSS_KERNEL_CACHE=${ALBATROSS_KERNEL_CACHE:-/tmp/albatross-build-cache}
@@ -36,4 +36,4 @@ side committed
 cp bench/variants/norm_mix_pairs/fused.cu albatross/cuda/fused.cu
 side variant
 cp "$committed" albatross/cuda/fused.cu
-side committed-again
+[ "${AGAIN:-1}" = 1 ] && side committed-again
