@@ -100,10 +100,9 @@ class SequentialLayout:
     # An H200 (132 SMs), fp16 state ("Session 19"), us, two rows with the tile / direct: 8x512
     # (3.9 chains an SM) 590 / 762, 64x512 (31) 3,269 / 2,960, 128x128 (62) 1,674 / 1,503. An
     # H100, scaled walk ("Session 22"), tile / direct: 32x512 (15.5) 1,542 / 1,671 with fp16
-    # state and 1,559 / 1,636 with fp32, so the tile still wins there; the threshold sits between
-    # 15.5 and 31, where
-    # the direct kernel's 12 blocks an SM start to save a wave over the tile's 10 (none measured
-    # between the two).
+    # state and 1,559 / 1,636 with fp32, so the tile still wins there. The threshold sits between
+    # 15.5 and 31, where the direct kernel's 12 blocks an SM start to save a wave over the tile's
+    # 10 (none measured between the two).
     direct_chains_per_sm: int = 24
     scaled_rows: bool = True
 

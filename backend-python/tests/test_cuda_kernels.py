@@ -171,8 +171,8 @@ def test_two_rows_a_thread_give_the_bits_of_one(lengths: list[int], heads: int, 
 
 def test_the_dispatch_takes_two_rows_a_thread_where_its_layout_says(monkeypatch: pytest.MonkeyPatch) -> None:
     """Enough long slots to fill the GPU three chains an SM deep: the dispatch asks the kernel for
-    two rows a thread (straight to registers at twenty-four chains an SM); with a decode row in the call
-    it asks for one. Outputs as the twin's."""
+    two rows a thread (straight to registers at twenty-four chains an SM); with a decode row in
+    the call it asks for one. Outputs as the twin's."""
     from albatross import wkv_dispatch
 
     seen: list[tuple[object, ...]] = []

@@ -1,9 +1,9 @@
 """The CUDA `norm_mix_rows` op on a GPU (skipped without one): bit-identical to `add_layer_norm`
 then `shift_mix` (their vectorised kernels) for every activation dtype, each width class of the
 kernel (one, two and four groups of 8 channels a thread), K mixes or one, slots of 1 to 130 rows
-cut at every place a block's rows (and the pairs it norms at once) can cut them, shuffled slots of a layered shift pool; x
-is left as it was, the new residual comes out of place, and untouched slots keep their shift
-vectors; the model's dispatch takes it only for prompt rows with a residual; a model prefilling
+cut at every place a block's rows (and the pairs it norms at once) can cut them, shuffled slots
+of a layered shift pool; x is left as it was, the new residual comes out of place, and untouched
+slots keep their shift vectors; the model's dispatch takes it only for prompt rows with a residual; a model prefilling
 through it gives the same logits and states, bit for bit, as without it; and its argument checks
 raise."""
 
