@@ -79,6 +79,19 @@ def walk(state: torch.Tensor, inputs: list[torch.Tensor], dtype: torch.dtype) ->
     return S, torch.stack(ys) if ys else r.new_zeros(r.shape)
 
 
+def max_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return (actual.double() - expected).abs().max().item()
+
+
+def assert_as_accurate_as_plain(results: tuple[tuple[str, torch.Tensor, torch.Tensor, torch.Tensor], ...], floor: float = 1e-6) -> None:
+    """Each (name, scaled walk's result, plain walk's, float64's): the scaled walk's max error
+    against float64 within twice the plain walk's, plus `floor` (a few float32 ulps of the
+    largest entries: the bound where both walks are near exact)."""
+    for name, got, plain, want in results:
+        error, plain_error = max_error(got, want), max_error(plain, want)
+        assert error <= 2 * plain_error + floor, f"{name}: scaled {error:.2e} against plain {plain_error:.2e}"
+
+
 SCALED_FLOOR = 2.0**-20  # wkv7.cu's SCALED_FLOOR
 
 
