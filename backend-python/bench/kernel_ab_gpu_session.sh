@@ -11,7 +11,9 @@
 # Knobs: BASE=0, TESTS=0 or TESTS=variant, TEST_FILES, VARIANT_ENVS (settings that time the variant again, untested),
 # GEMV=0 (no few-row product timings), SAMPLER=1 (bench_sampler.py at batch 1, 64 and 960),
 # MODEL=0 (no model rows), FP16_MODEL=0 (the int8 model only), INT8_MODEL=0 (the fp16 model only), BATCHES (fp16-state graph batches, 1), GRAPH_BATCHES (fp32-state graph batches, 1; empty: none), SHAPE (7.2b), MODEL_ARGS (more bench_model.py flags, e.g. --gemv on,off
-# --fused-lora on,off), INT8_ARGS (more bench_int8.py model flags, e.g. --fused-lora on,off). Output: $OUT/log.txt, and per side base-*/variant-* JSON.
+# --fused-lora on,off), INT8_ARGS (more bench_int8.py model flags, e.g. --fused-lora on,off), BENCH (one more benchmark
+# command run on each side, e.g. "bench/bench_norm_mix_rows.py --shapes 64x512"), AGAIN=1 (the base side once more after
+# the variant, its sources put back, so the card's drift shows). Output: $OUT/log.txt, and per side base-*/variant-* JSON.
 set -uo pipefail
 . "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
 root=$(cd .. && pwd)
@@ -31,6 +33,9 @@ print({name: result.how for name, result in cuda_ops.enable_cuda_kernels().items
     timeout 300 python3 -m pytest -q -p no:cacheprovider -m cuda ${TEST_FILES:-tests/test_gemv_cuda.py tests/test_int8_cuda.py \
         tests/test_cuda_kernels.py tests/test_lora_cuda.py tests/test_pdl_cuda.py} 2>&1 | tail -4 | tee -a "$log"
   fi
+  if [ -n "${BENCH:-}" ]; then
+    timeout 240 python3 $BENCH 2>&1 | grep -v "^{" | tail -20 | tee -a "$log"
+  fi
   if [ "${GEMV:-1}" = 1 ]; then
     timeout 240 python3 bench/bench_gemv.py --rows 1,2 --json "$OUT/$1-gemv.json" 2>&1 | tee -a "$log" | tail -14
     timeout 240 python3 bench/bench_int8.py kernels --rows 1,2 --only GEMV --json "$OUT/$1-int8.jsonl" 2>&1 | tee -a "$log" | tail -14
@@ -49,9 +54,15 @@ print({name: result.how for name, result in cuda_ops.enable_cuda_kernels().items
 
 { date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } 2>&1 | tee -a "$log"
 [ "${BASE:-1}" = 1 ] && side base  # BASE=0: the variant only (a VARIANT_ENVS setting as its control)
+committed=$(mktemp -d)
+cp albatross/cuda/*.cu* "$committed"/
 cp "$variant"/*.cu* albatross/cuda/ 2>/dev/null
 echo "== variant files: $(cd "$variant" && ls)" | tee -a "$log"
 side variant
 for setting in ${VARIANT_ENVS:-}; do  # e.g. "ALBATROSS_PDL=0": the variant's kernels again, timed under that setting
   (export "$setting"; TESTS=0 side "variant-${setting//=/-}")
 done
+if [ "${AGAIN:-0}" = 1 ]; then
+  cp "$committed"/*.cu* albatross/cuda/
+  TESTS=0 side base-again
+fi
