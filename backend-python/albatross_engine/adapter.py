@@ -357,6 +357,7 @@ class AlbatrossRWKV(AbstractRWKV):
             "prefill_chunk": self.config.prefill_chunk,
             "prefill_budget": self.config.prefill_budget,
             "itl_target_ms": self.config.itl_target_ms,
+            "prefill_order": self.config.prefill_order,
             "worker_mode": self.worker_mode,
             "engine_running": core is not None and core.running,
             "workers": [] if core is None else [_worker_state(w) for w in core.workers],

@@ -28,6 +28,11 @@ DEFAULT_PREFILL_BUDGET = 16384
 # budget, by default: on the 960-client burst 150 ms meets ITL p99 <= 200 ms but costs 3-7% of the
 # throughput on an H100 (docs/performance.md, "Session 15"; 15% on the H200 in session 4).
 DEFAULT_ITL_TARGET_MS = 0.0
+# Which prompts a step's prefill budget feeds first: "shortest" (the fewest prompt tokens left, aged
+# by admission; a 960-prompt burst's TTFT p50 falls by a third at the same throughput in the
+# scheduler simulation, docs/performance.md "Session 23") or "arrival" (oldest admission first).
+PREFILL_ORDERS = ("shortest", "arrival")
+DEFAULT_PREFILL_ORDER = "shortest"
 
 _DEVICE_PATTERN = re.compile(r"^(cpu|cuda|cuda:\d+)$")
 
@@ -42,6 +47,7 @@ class AlbatrossBackendConfig:
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK  # prompt tokens a request feeds per step when many share the budget
     prefill_budget: int = DEFAULT_PREFILL_BUDGET  # most prompt tokens all requests feed together in one step
     itl_target_ms: float = DEFAULT_ITL_TARGET_MS  # adaptive budget: a step next to decoding streams aims at this; 0: off
+    prefill_order: str = DEFAULT_PREFILL_ORDER  # which prompts the budget feeds first (PREFILL_ORDERS)
     state_dtype: str | None = None  # WKV state precision; None: fp16 on cuda, fp32 on cpu (docs/performance.md)
     overlap: bool | None = None  # host work of step N while step N+1 runs; None: on for cuda
     cuda_graphs: bool = True  # replay decode-only steps from CUDA graphs (a GPU only)
@@ -61,6 +67,8 @@ class AlbatrossBackendConfig:
             value = getattr(self, name)
             if value is not None and value not in DTYPE_NAMES:
                 raise ValueError(f"{name} must be one of {', '.join(DTYPE_NAMES)}, got {value!r}")
+        if self.prefill_order not in PREFILL_ORDERS:
+            raise ValueError(f"prefill_order must be one of {', '.join(PREFILL_ORDERS)}, got {self.prefill_order!r}")
         if self.weights not in WEIGHT_FORMATS:
             raise ValueError(f"weights must be one of {', '.join(WEIGHT_FORMATS)}, got {self.weights!r}")
         if self.worker_mode is not None and self.worker_mode not in WORKER_MODES:
@@ -152,6 +160,7 @@ _KEYS: dict[str, tuple[str, Callable[[str], object]]] = {
     "prefill_chunk": ("prefill_chunk", _positive_int),
     "prefill_budget": ("prefill_budget", _positive_int),
     "itl_target_ms": ("itl_target_ms", _milliseconds_or_off),
+    "prefill_order": ("prefill_order", _choice(PREFILL_ORDERS)),
     "state_dtype": ("state_dtype", _choice(DTYPE_NAMES)),
     "overlap": ("overlap", _boolean),
     "cuda_graphs": ("cuda_graphs", _boolean),

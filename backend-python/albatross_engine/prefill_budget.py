@@ -12,7 +12,7 @@ duration, and that duration grows with its prompt tokens (on an H100 at 7.2B, ro
   always advances) and `prefill_budget`. A step with no decoding stream keeps the full budget
   (nobody waits on it).
 
-Both share a step's tokens among the waiting prompts, oldest first, each at most
+Both share a step's tokens among the waiting prompts, in the scheduler's prefill order, each at most
 `max(prefill_chunk, an equal share of what is left)`: many prompts (a burst) in chunks of
 `prefill_chunk`, a few in long chunks. A lone long prompt so goes in one step instead of one
 `prefill_chunk` a step: on an H100 at 7.2B, a 4,096-token prompt alone took 32 steps of 12.2 ms

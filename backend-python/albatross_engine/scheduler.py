@@ -5,7 +5,8 @@ Policy (one screen):
 - Every step, each running task that has a sampled token not yet fed gets one row: DECODE (feed
   it and sample the next) while it may still sample, else FEED (feed only, so that a saved final
   state has consumed every generated token). Decoding never waits for prefill.
-- Prompts are then fed in chunks, oldest admission first, within the step's `PrefillBudget`
+- Prompts are then fed in chunks within the step's `PrefillBudget`, by default the fewest prompt
+  tokens left first (`prefill_order="shortest"`, below; "arrival": oldest admission first)
   (albatross_engine/prefill_budget.py): statically `prefill_budget` tokens per step in all; with
   an inter-token target, as many prompt tokens as keep the decode rows' step under it (learned
   from the measured step times the worker reports through `observe_step`). Each task takes at most
@@ -19,6 +20,13 @@ Policy (one screen):
   prefill it once: the first one's chunks stop before the last prompt token, the worker copies
   its state into the others, and each then feeds the last token itself.
 
+Shortest first cuts the mean time to first token, as shortest-remaining-time-first does for any
+queue: a burst's short prompts no longer wait behind the long ones admitted before them. A task's
+order key is its prompt tokens left plus `prefill_chunk` tokens for every step between the first
+step and its admission, so tasks admitted together go strictly shortest first, and a long prompt
+is passed over by a later one only while their lengths differ by more than a chunk a step of the
+later one's delay: it cannot starve however many short prompts keep arriving.
+
 `plan()` records what it issues on the tasks (prompt_pos, sampled, fed, last_sample_row): the
 worker issues every plan it gets, so these counters describe the steps sent to the device.
 """
@@ -30,7 +38,7 @@ import heapq
 from collections import deque
 from dataclasses import dataclass
 
-from albatross_engine.config import DEFAULT_PREFILL_BUDGET, DEFAULT_PREFILL_CHUNK
+from albatross_engine.config import DEFAULT_PREFILL_BUDGET, DEFAULT_PREFILL_CHUNK, DEFAULT_PREFILL_ORDER, PREFILL_ORDERS
 from albatross_engine.prefill_budget import PrefillBudget
 from albatross_engine.state_store import PREFIX_BOUNDARY_TOKENS
 from albatross_engine.tasks import EngineTask
@@ -107,15 +115,20 @@ class Scheduler:
         prefill_budget: int = DEFAULT_PREFILL_BUDGET,
         prefix_boundary: int = PREFIX_BOUNDARY_TOKENS,
         itl_target_s: float | None = None,
+        prefill_order: str = DEFAULT_PREFILL_ORDER,
     ) -> None:
         if min(batch_size, prefill_chunk, prefill_budget, prefix_boundary) < 1:
             raise ValueError("batch_size, prefill_chunk, prefill_budget and prefix_boundary must be >= 1")
+        if prefill_order not in PREFILL_ORDERS:
+            raise ValueError(f"prefill_order must be one of {', '.join(PREFILL_ORDERS)}, got {prefill_order!r}")
         self.batch_size = batch_size
         self.budget = PrefillBudget(prefill_chunk, prefill_budget, itl_target_s)
         self.prefix_boundary = prefix_boundary
         self.waiting: deque[EngineTask] = deque()
         self.running: dict[int, EngineTask] = {}  # task_id -> task, in admission order
         self._free_slots: list[int] = list(range(batch_size))  # a heap: the lowest slot first
+        self.shortest_first = prefill_order == "shortest"
+        self._steps = 0  # plans made: the clock of the prefill order's aging
 
     @property
     def free_slot_count(self) -> int:
@@ -134,6 +147,7 @@ class Scheduler:
         while self.waiting and self._free_slots:
             task = self.waiting.popleft()
             task.slot = heapq.heappop(self._free_slots)
+            task.admitted_step = self._steps
             self.running[task.task_id] = task
             admitted.append(task)
         return admitted
@@ -194,6 +208,7 @@ class Scheduler:
 
     def plan(self) -> StepPlan:
         # One pass over the running tasks (it runs every step, for every slot).
+        self._steps += 1
         plan = StepPlan(rows=[])
         prefilling: list[EngineTask] = []
         for task in self.running.values():
@@ -202,6 +217,9 @@ class Scheduler:
             elif task.fed < task.sampled:  # else nothing new to feed: waiting for the host to see the task's end
                 self._plan_generated_token(task, plan)
         feeding = [task for task in prefilling if not task.finished and task.leader is None]
+        if self.shortest_first and len(feeding) > 1:
+            aging = self.budget.prefill_chunk  # tokens a step of waiting is worth (module docstring)
+            feeding.sort(key=lambda task: task.prompt_len - task.prompt_pos + aging * task.admitted_step)  # stable: ties by admission
         budget = self.budget.tokens(plan.decode_tokens, plan.sample_count)  # every sample so far is a decode row
         checkpoints = MAX_CHECKPOINTS_PER_STEP
         for index, task in enumerate(feeding):

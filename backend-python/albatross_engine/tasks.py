@@ -180,6 +180,7 @@ class EngineTask:
 
     # Launch side: what the steps issued so far have done (the device may still be running them).
     slot: int = -1
+    admitted_step: int = 0  # the scheduler's step count at admission: ages the task's prefill order
     prompt_pos: int = 0  # prompt tokens fed (or skipped thanks to a cached state)
     cached_prompt_tokens: int = 0
     sampled: int = 0  # tokens sampled by issued steps

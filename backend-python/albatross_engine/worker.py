@@ -81,7 +81,8 @@ class Worker:
         self._prompt_ends = prompt_ends or PromptEndIndex()
         self.on_death = on_death  # the engine core's: a dead worker ends the engine
         self._scheduler = Scheduler(
-            config.batch_size, config.prefill_chunk, config.prefill_budget, itl_target_s=config.itl_target_s
+            config.batch_size, config.prefill_chunk, config.prefill_budget, itl_target_s=config.itl_target_s,
+            prefill_order=config.prefill_order,
         )
         self._cond = threading.Condition()
         self._inbox: list[EngineTask] = []
@@ -259,7 +260,8 @@ class Worker:
                 self.index, self.device, (free or 0) / 1e9, "; ".join(plan.lowered),
             )  # fmt: skip
             self._scheduler = Scheduler(
-                plan.batch_size, plan.prefill_chunk, plan.prefill_budget, itl_target_s=self.config.itl_target_s
+                plan.batch_size, plan.prefill_chunk, plan.prefill_budget, itl_target_s=self.config.itl_target_s,
+                prefill_order=self.config.prefill_order,
             )
 
     def _serve(self) -> None:

@@ -6,6 +6,7 @@ engine against a simulated device; this isolates the policy.
     python bench/prefill_budget_sim.py                              # 960 requests at once, targets off,100..250
     python bench/prefill_budget_sim.py --decode-ms fit --json out/budget_sim.json
     python bench/prefill_budget_sim.py --rate 8 --prompt-max 3072                # Poisson arrivals
+    python bench/prefill_budget_sim.py --targets 0 --orders shortest,arrival     # the prefill order
 
 A step with prompt chunks takes `--mixed` (ms + us per prompt token + us per decode row: the H200
 7.2B fit of docs/performance.md); a decode-only step `--decode-ms` (a CUDA graph: 38.7 ms for 960
@@ -51,6 +52,7 @@ class StepCost:
 @dataclass(slots=True)
 class Outcome:
     itl_target_ms: float  # 0: the static budget
+    prefill_order: str
     steps: int
     mixed_steps: int
     wall_s: float
@@ -65,11 +67,13 @@ def _quantiles(values: list[float]) -> dict[str, float]:
 
 
 def simulate(
-    itl_target_ms: float, cost: StepCost, prompts: list[int], max_tokens: int, batch: int, arrivals: list[float]
+    itl_target_ms: float, cost: StepCost, prompts: list[int], max_tokens: int, batch: int, arrivals: list[float],
+    prefill_order: str = "shortest",
 ) -> Outcome:
     """The requests arrive at `arrivals` (seconds) into `batch` slots; the scheduler plans, the
     cost model "runs" each step and its time is fed back as the worker does."""
-    scheduler = Scheduler(batch_size=batch, itl_target_s=itl_target_ms / 1000 if itl_target_ms > 0 else None)
+    target_s = itl_target_ms / 1000 if itl_target_ms > 0 else None
+    scheduler = Scheduler(batch_size=batch, itl_target_s=target_s, prefill_order=prefill_order)
     params = SamplingParams(max_tokens=max_tokens)
     pending = [EngineTask(prompt_tokens=[1] * length, sampling=params, seed=1, channel=SyncChannel()) for length in prompts]
     arrived_at = {task.task_id: at for task, at in zip(pending, arrivals)}
@@ -107,6 +111,7 @@ def simulate(
                 scheduler.release(task)
     return Outcome(
         itl_target_ms=itl_target_ms,
+        prefill_order=prefill_order,
         steps=steps,
         mixed_steps=mixed,
         wall_s=clock,
@@ -126,6 +131,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--rate", type=float, default=0.0, help="Poisson arrivals per second; 0: every request at once")
     parser.add_argument("--targets", default="0,100,150,180,200,250", help="itl_target_ms values, 0: the static budget")
+    parser.add_argument("--orders", default="shortest", help="prefill_order values (shortest, arrival), each with every target")
     parser.add_argument("--mixed", default="18,26,40", help="a step with prompt chunks: ms, us per prompt token, us per decode row")
     parser.add_argument("--decode-ms", default="38.7",
                         help="a decode-only step in ms; 'A+B': A ms + B ms a row (the H200's graph steps: 5.17+0.0329); or 'fit' for the mixed formula")  # fmt: skip
@@ -143,14 +149,17 @@ def main(argv: list[str] | None = None) -> None:
     for _ in prompts:
         arrivals.append(at)
         at += rng.expovariate(args.rate) if args.rate > 0 else 0.0
-    outcomes = [simulate(float(t), cost, prompts, args.max_tokens, args.batch, arrivals) for t in args.targets.split(",")]
+    outcomes = [
+        simulate(float(t), cost, prompts, args.max_tokens, args.batch, arrivals, order)
+        for order in args.orders.split(",") for t in args.targets.split(",")
+    ]  # fmt: skip
     how = f"Poisson arrivals at {args.rate:g}/s" if args.rate > 0 else "at once"
     print(f"{args.requests} requests {how}, batch {args.batch}, prompts {args.prompt_min}-{args.prompt_max}, "
           f"{args.max_tokens} tokens each; step cost {cost}")  # fmt: skip
-    print(f"{'target ms':>10}{'steps':>7}{'mixed':>7}{'wall s':>8}{'tok/s':>9}{'TTFT p50':>10}{'p90':>7}{'p99':>7}"
+    print(f"{'order':>9}{'target ms':>10}{'steps':>7}{'mixed':>7}{'wall s':>8}{'tok/s':>9}{'TTFT p50':>10}{'p90':>7}{'p99':>7}"
           f"{'ITL p50':>9}{'p90':>7}{'p99':>7}  (ms)")  # fmt: skip
     for o in outcomes:
-        print(f"{o.itl_target_ms or 'off':>10}{o.steps:>7}{o.mixed_steps:>7}{o.wall_s:>8.2f}{o.tokens_per_s:>9,.0f}"
+        print(f"{o.prefill_order:>9}{o.itl_target_ms or 'off':>10}{o.steps:>7}{o.mixed_steps:>7}{o.wall_s:>8.2f}{o.tokens_per_s:>9,.0f}"
               f"{o.ttft_ms['p50']:>10.0f}{o.ttft_ms['p90']:>7.0f}{o.ttft_ms['p99']:>7.0f}"
               f"{o.inter_token_ms['p50']:>9.1f}{o.inter_token_ms['p90']:>7.1f}{o.inter_token_ms['p99']:>7.1f}")  # fmt: skip
     if args.json:

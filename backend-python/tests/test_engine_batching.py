@@ -109,6 +109,23 @@ def test_step_overlap_does_not_change_any_output(engine: AlbatrossRWKV, overlapp
         assert summary_a == summary_b, f"request {index}: without overlap {summary_a}, with overlap {summary_b}"
 
 
+def test_the_prefill_order_does_not_change_any_output(engine: AlbatrossRWKV, tiny_checkpoint: Path) -> None:
+    """Shortest first (the default) and arrival order feed the same prompts in other rows and
+    steps; every request's tokens stay the same."""
+    arrival = AlbatrossRWKV(
+        str(tiny_checkpoint), worker_num=1, batch_size=8, prefill_chunk=5, prefill_budget=24, device="cpu",
+        worker_mode="thread", prefill_order="arrival",
+    )  # fmt: skip
+    try:
+        assert (engine.status()["prefill_order"], arrival.status()["prefill_order"]) == ("shortest", "arrival")
+        rng = random.Random(5)
+        requests = [random_request(rng) for _ in range(14)]
+        for a, b in zip(collect(engine, requests), collect(arrival, requests), strict=True):
+            assert token_ids(a) == token_ids(b)
+    finally:
+        arrival.shutdown()
+
+
 def test_usage_counts_are_exact_and_the_last_event_carries_the_finish_reason(engine: AlbatrossRWKV) -> None:
     request = GenerationRequest(prompt_tokens=[11, 12, 13, 14, 15, 16, 17], sampling=GREEDY)
     events = collect(engine, [request])[0]

@@ -73,15 +73,62 @@ def test_prompts_share_a_step_in_prefill_chunks_or_equal_shares_when_few() -> No
     assert [(r.task, r.stop - r.start) for r in plan.rows] == [(task, 4) for task in crowd[:6]], "many: prefill_chunk each"
     pair = [make_task(30), make_task(5)]
     plan = first_plan(Scheduler(batch_size=8, prefill_chunk=4, prefill_budget=24), pair)
-    # 24 tokens for 2 prompts: 12 each; the short one's unused share is not handed back (it comes last).
+    # 24 tokens for 2 prompts: 12 each; the short one goes first, and the long one takes what it left.
+    assert [(r.task, r.start, r.stop) for r in plan.rows] == [(pair[1], 0, 5), (pair[0], 0, 19)]
+    pair = [make_task(30), make_task(5)]
+    plan = first_plan(Scheduler(batch_size=8, prefill_chunk=4, prefill_budget=24, prefill_order="arrival"), pair)
+    # In arrival order the short one comes last, so its unused share is not handed back.
     assert [(r.task, r.start, r.stop) for r in plan.rows] == [(pair[0], 0, 12), (pair[1], 0, 5)]
 
 
-def test_the_prefill_budget_is_shared_oldest_admission_first() -> None:
-    tasks = [make_task(6) for _ in range(3)]
-    plan = first_plan(Scheduler(batch_size=3, prefill_chunk=100, prefill_budget=10), tasks)
-    assert [(r.task, r.start, r.stop) for r in plan.rows] == [(tasks[0], 0, 6), (tasks[1], 0, 4)]
-    assert plan.prefill_tokens == 10 and plan.decode_tokens == 0
+def test_prompts_of_equal_length_share_the_budget_oldest_admission_first() -> None:
+    for order in ("shortest", "arrival"):
+        tasks = [make_task(6) for _ in range(3)]
+        plan = first_plan(Scheduler(batch_size=3, prefill_chunk=100, prefill_budget=10, prefill_order=order), tasks)
+        assert [(r.task, r.start, r.stop) for r in plan.rows] == [(tasks[0], 0, 6), (tasks[1], 0, 4)], order
+        assert plan.prefill_tokens == 10 and plan.decode_tokens == 0
+
+
+def test_the_fewest_prompt_tokens_left_go_first_and_arrival_order_keeps_admission_order() -> None:
+    lengths = [9, 3, 12, 5, 7]
+    tasks = [make_task(n) for n in lengths]
+    scheduler = Scheduler(batch_size=5, prefill_chunk=4, prefill_budget=12)
+    plan = first_plan(scheduler, tasks)
+    assert [(r.task.prompt_len, r.stop - r.start) for r in plan.rows] == [(3, 3), (5, 4), (7, 4), (9, 1)]
+    # What is left counts, not the prompt's length: 1 (the 5), 3 (the 7), 8 (the 9), then the 12.
+    plan = scheduler.plan()
+    assert [(r.task.prompt_len, r.start, r.stop) for r in plan.rows if r.kind is RowKind.PREFILL] == [
+        (5, 4, 5), (7, 4, 7), (9, 1, 5), (12, 0, 4),
+    ]
+    tasks = [make_task(n) for n in lengths]
+    plan = first_plan(Scheduler(batch_size=5, prefill_chunk=4, prefill_budget=12, prefill_order="arrival"), tasks)
+    assert [(r.task.prompt_len, r.stop - r.start) for r in plan.rows] == [(9, 4), (3, 3), (12, 4), (5, 1)]
+
+
+def test_a_long_prompt_is_passed_over_by_later_short_ones_only_for_a_bounded_number_of_steps() -> None:
+    """One chunk a step; a 4-token prompt arrives before every step. Shortest first with no aging
+    would feed the newcomers forever; the aging (a chunk's worth of tokens a step of delay) lets
+    the newcomers pass only while they are shorter by more than that."""
+    scheduler = Scheduler(batch_size=64, prefill_chunk=4, prefill_budget=4)
+    long_prompt = make_task(40)
+    scheduler.add(long_prompt)
+    scheduler.admit()
+    fed_long: list[int] = []
+    for step in range(1, 31):
+        plan = scheduler.plan()
+        if any(r.task is long_prompt and r.kind is RowKind.PREFILL for r in plan.rows):
+            fed_long.append(step)
+        for row in plan.rows:
+            if row.samples:
+                row.task.finish_reason = "length"
+                scheduler.release(row.task)
+        scheduler.add(make_task(4, max_tokens=1))
+        scheduler.admit()
+    # Step 1 feeds it alone (36 left); the newcomer admitted after step k ranks at 4 + 4k, so those
+    # of steps 1-7 pass it, the one of step 8 ties and goes after it (admitted later), and from
+    # then on its shrinking rest keeps it ahead of every newcomer.
+    assert fed_long == [1, *range(9, 18)], fed_long
+    assert not long_prompt.prefilling
 
 
 def test_prefix_cache_boundaries_inside_a_chunk_are_captured_and_its_end_saved() -> None:
@@ -94,7 +141,7 @@ def test_prefix_cache_boundaries_inside_a_chunk_are_captured_and_its_end_saved()
 
 
 def test_a_chunk_past_the_steps_checkpoints_ends_at_a_boundary() -> None:
-    scheduler = Scheduler(batch_size=2, prefill_chunk=16, prefill_budget=10_000, prefix_boundary=16)
+    scheduler = Scheduler(batch_size=2, prefill_chunk=16, prefill_budget=10_000, prefix_boundary=16, prefill_order="arrival")
     first, second = make_task(400, prefix_cache=True), make_task(100, prefix_cache=True)
     for task in (first, second):
         scheduler.add(task)

@@ -62,6 +62,7 @@ def test_workers_and_batch_accept_their_aliases(strategy: str, workers: int, bat
         "albatross itl_target_ms=-5",
         "albatross itl_target_ms=soon",
         "albatross itl_target_ms=inf",
+        "albatross prefill_order=longest",
     ],
 )
 def test_an_invalid_value_or_unknown_key_is_ignored_with_a_warning(strategy: str, caplog: pytest.LogCaptureFixture) -> None:
@@ -97,6 +98,13 @@ def test_the_inter_token_target_of_the_adaptive_prefill_budget() -> None:
         AlbatrossBackendConfig(itl_target_ms=-1.0)
     with pytest.raises(ValueError, match="itl_target_ms"):
         AlbatrossBackendConfig(itl_target_ms=float("nan"))
+
+
+def test_the_prefill_order() -> None:
+    assert AlbatrossBackendConfig().prefill_order == "shortest", "the fewest prompt tokens left first by default"
+    assert parse_albatross_strategy("albatross prefill_order=Arrival").prefill_order == "arrival"
+    with pytest.raises(ValueError, match="prefill_order"):
+        AlbatrossBackendConfig(prefill_order="fifo")
 
 
 def test_a_non_albatross_strategy_is_refused() -> None:
