@@ -14,7 +14,11 @@ duration, and that duration grows with its prompt tokens (on an H100 at 7.2B, ro
 
 Both share a step's tokens among the waiting prompts, in the scheduler's prefill order, each at most
 `max(prefill_chunk, an equal share of what is left)`: many prompts (a burst) in chunks of
-`prefill_chunk`, a few in long chunks. A lone long prompt so goes in one step instead of one
+`prefill_chunk`, a few in long chunks. A prompt whose rest is at most twice that takes all of it:
+a remnant of less than a chunk would cost the prompt another step (~400 ms in a 960-prompt burst on
+the H200) before its first token, and rows of up to two chunks still give a 16,384-token step 64
+rows, which keep the WKV walk's GPU full (docs/performance.md, "Session 23": the burst's TTFT p50
+-12% in simulation, with 200-300-token prompts). A lone long prompt so goes in one step instead of one
 `prefill_chunk` a step: on an H100 at 7.2B, a 4,096-token prompt alone took 32 steps of 12.2 ms
 (389 ms) in chunks of 128 and takes one of 146 ms now (924 against 166 ms beside 480 decoding
 streams; docs/performance.md, "Session 14"). A long chunk without prefix-cache checkpoints also
@@ -143,12 +147,12 @@ class PrefillBudget:
         self.last_tokens = min(self.prefill_budget, max(self.min_budget, fit))
         return self.last_tokens
 
-    def chunk(self, tokens: int, prefilling: int) -> int:
+    def chunk(self, tokens: int, prefilling: int, rest: int | None = None) -> int:
         """The most one task feeds of a step's `tokens` when `prefilling` tasks want some:
-        `prefill_chunk`, or an equal share of them when that is larger (module docstring)."""
-        if prefilling < 1:
-            return self.prefill_chunk
-        return max(self.prefill_chunk, tokens // prefilling)
+        `prefill_chunk`, or an equal share of them when that is larger (module docstring); or its
+        whole `rest` of prompt when that is at most twice as much (module docstring)."""
+        share = self.prefill_chunk if prefilling < 1 else max(self.prefill_chunk, tokens // prefilling)
+        return rest if rest is not None and rest <= 2 * share else share
 
     def observe(self, prompt_tokens: int, decode_rows: int, seconds: float) -> None:
         """A step's measured duration: the time between the previous step's sampled ids and this

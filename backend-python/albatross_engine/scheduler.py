@@ -11,7 +11,7 @@ Policy (one screen):
   an inter-token target, as many prompt tokens as keep the decode rows' step under it (learned
   from the measured step times the worker reports through `observe_step`). Each task takes at most
   `prefill_chunk` tokens or an equal share of what is left, when larger: many prompts in chunks of
-  `prefill_chunk`, a few in long chunks. A task using the prefix cache saves its state at every
+  `prefill_chunk`, a few in long chunks; and its whole rest when that is at most twice as much. A task using the prefix cache saves its state at every
   multiple of `prefix_boundary`: the boundaries inside a chunk are captured by the forward itself
   (`Row.checkpoints`, at most MAX_CHECKPOINTS_PER_STEP a step; past that the chunk ends at a
   boundary), and a chunk's end is saved from the slot.
@@ -225,7 +225,7 @@ class Scheduler:
         for index, task in enumerate(feeding):
             if budget == 0:
                 break
-            chunk = self.budget.chunk(budget, len(feeding) - index)
+            chunk = self.budget.chunk(budget, len(feeding) - index, task.prompt_len - task.prompt_pos)
             row = self._plan_prefill_chunk(task, min(budget, chunk), plan, checkpoints)
             budget -= row.stop - row.start
             checkpoints -= len(row.checkpoints)

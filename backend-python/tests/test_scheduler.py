@@ -90,19 +90,31 @@ def test_prompts_of_equal_length_share_the_budget_oldest_admission_first() -> No
 
 
 def test_the_fewest_prompt_tokens_left_go_first_and_arrival_order_keeps_admission_order() -> None:
-    lengths = [9, 3, 12, 5, 7]
+    lengths = [13, 3, 20, 9, 11]
     tasks = [make_task(n) for n in lengths]
-    scheduler = Scheduler(batch_size=5, prefill_chunk=4, prefill_budget=12)
+    scheduler = Scheduler(batch_size=5, prefill_chunk=4, prefill_budget=16)
     plan = first_plan(scheduler, tasks)
-    assert [(r.task.prompt_len, r.stop - r.start) for r in plan.rows] == [(3, 3), (5, 4), (7, 4), (9, 1)]
-    # What is left counts, not the prompt's length: 1 (the 5), 3 (the 7), 8 (the 9), then the 12.
+    assert [(r.task.prompt_len, r.stop - r.start) for r in plan.rows] == [(3, 3), (9, 4), (11, 4), (13, 4), (20, 1)]
+    # What is left counts, not the prompt's length: 5 (the 9), 7 (the 11), 9 (the 13), then the
+    # 20's 19; a rest of at most two chunks goes in whole, so the 9 and the 11 finish here.
     plan = scheduler.plan()
     assert [(r.task.prompt_len, r.start, r.stop) for r in plan.rows if r.kind is RowKind.PREFILL] == [
-        (5, 4, 5), (7, 4, 7), (9, 1, 5), (12, 0, 4),
+        (9, 4, 9), (11, 4, 11), (13, 4, 8),
     ]
     tasks = [make_task(n) for n in lengths]
-    plan = first_plan(Scheduler(batch_size=5, prefill_chunk=4, prefill_budget=12, prefill_order="arrival"), tasks)
-    assert [(r.task.prompt_len, r.stop - r.start) for r in plan.rows] == [(9, 4), (3, 3), (12, 4), (5, 1)]
+    plan = first_plan(Scheduler(batch_size=5, prefill_chunk=4, prefill_budget=16, prefill_order="arrival"), tasks)
+    assert [(r.task.prompt_len, r.stop - r.start) for r in plan.rows] == [(13, 4), (3, 3), (20, 4), (9, 4), (11, 1)]
+
+
+def test_a_rest_of_at_most_two_chunks_is_fed_whole_rather_than_left_for_another_step() -> None:
+    tasks = [make_task(n) for n in (8, 9, 30)]
+    plan = first_plan(Scheduler(batch_size=3, prefill_chunk=4, prefill_budget=100), tasks)
+    # Shares of 33: the 8 and the 9 go in whole, and the 30 takes a share of what they left (83 / 1).
+    assert [(r.task.prompt_len, r.stop - r.start) for r in plan.rows] == [(8, 8), (9, 9), (30, 30)]
+    crowd = [make_task(n) for n in (8, 9, 12, 12)]
+    plan = first_plan(Scheduler(batch_size=4, prefill_chunk=4, prefill_budget=16), crowd)
+    # Shares of 4: the 8 goes in whole (two chunks), the 9 does not (a chunk and a token more).
+    assert [(r.task.prompt_len, r.stop - r.start) for r in plan.rows] == [(8, 8), (9, 4), (12, 4)]
 
 
 def test_a_long_prompt_is_passed_over_by_later_short_ones_only_for_a_bounded_number_of_steps() -> None:
