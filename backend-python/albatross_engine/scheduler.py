@@ -11,7 +11,8 @@ Policy (one screen):
   an inter-token target, as many prompt tokens as keep the decode rows' step under it (learned
   from the measured step times the worker reports through `observe_step`). Each task takes at most
   `prefill_chunk` tokens or an equal share of what is left, when larger: many prompts in chunks of
-  `prefill_chunk`, a few in long chunks; and its whole rest when that is at most twice as much. A task using the prefix cache saves its state at every
+  `prefill_chunk`, a few in long chunks; and its whole rest when that is at most twice as much
+  and crosses no prefix-cache boundary (`_whole_rest`). A task using the prefix cache saves its state at every
   multiple of `prefix_boundary`: the boundaries inside a chunk are captured by the forward itself
   (`Row.checkpoints`, at most MAX_CHECKPOINTS_PER_STEP a step; past that the chunk ends at a
   boundary), and a chunk's end is saved from the slot.
@@ -225,11 +226,23 @@ class Scheduler:
         for index, task in enumerate(feeding):
             if budget == 0:
                 break
-            chunk = self.budget.chunk(budget, len(feeding) - index, task.prompt_len - task.prompt_pos)
+            chunk = self.budget.chunk(budget, len(feeding) - index, self._whole_rest(task))
             row = self._plan_prefill_chunk(task, min(budget, chunk), plan, checkpoints)
             budget -= row.stop - row.start
             checkpoints -= len(row.checkpoints)
         return plan
+
+    def _whole_rest(self, task: EngineTask) -> int | None:
+        """The prompt tokens the task has left, offered whole to the budget's chunk rule; None when
+        going whole would put a prefix-cache boundary inside the row. A boundary inside a row is
+        captured by splitting that slot's WKV walk into pieces of a launch each
+        (wkv_dispatch.run_parts), while one at a row's end is saved from the slot after the step:
+        a burst of prompts crossing a boundary would trade its chunks' free saves for up to
+        MAX_CHECKPOINTS_PER_STEP launches a layer."""
+        pos, length = task.prompt_pos, task.prompt_len
+        if task.use_prefix_cache and (pos // self.prefix_boundary + 1) * self.prefix_boundary < length:
+            return None
+        return length - pos
 
     def observe_step(self, plan: StepPlan, seconds: float) -> None:
         """How long an issued step took, as its decoding streams saw it (the worker measures it

@@ -117,6 +117,24 @@ def test_a_rest_of_at_most_two_chunks_is_fed_whole_rather_than_left_for_another_
     assert [(r.task.prompt_len, r.stop - r.start) for r in plan.rows] == [(8, 8), (9, 4), (12, 4)]
 
 
+def test_a_whole_rest_does_not_carry_a_prefix_boundary_inside_its_row() -> None:
+    """A boundary inside a row splits the slot's WKV walk into launches; at a row's end it is a
+    free save. So a prefix-cache prompt goes whole only up to a rest that crosses no boundary."""
+    scheduler = Scheduler(batch_size=8, prefill_chunk=4, prefill_budget=16, prefix_boundary=8)
+    crossing, ending, plain = make_task(10, prefix_cache=True), make_task(8, prefix_cache=True), make_task(10)
+    crowd = [make_task(40) for _ in range(2)]
+    plan = first_plan(scheduler, [crossing, ending, plain, *crowd])
+    rows = [(r.task, r.start, r.stop, r.checkpoints, r.prefix_checkpoint) for r in plan.rows]
+    # Shares of 4. The 8 with the prefix cache goes whole (its boundary is its end); the 10 with it
+    # takes a share (whole, 8 would fall inside), as does the 10 without it (more than two shares).
+    assert rows == [(ending, 0, 8, (), True), (crossing, 0, 4, (), False), (plain, 0, 4, (), False)], rows
+    plan = scheduler.plan()
+    rows = [(r.task, r.start, r.stop, r.checkpoints) for r in plan.rows if r.kind is RowKind.PREFILL]
+    # The 10's rest of 6 crosses its boundary at 8 still: a share of 4 ends on it (a free save),
+    # and the plain 10 finishes whole.
+    assert rows[:2] == [(crossing, 4, 8, ()), (plain, 4, 10, ())], rows
+
+
 def test_a_long_prompt_is_passed_over_by_later_short_ones_only_for_a_bounded_number_of_steps() -> None:
     """One chunk a step; a 4-token prompt arrives before every step. Shortest first with no aging
     would feed the newcomers forever; the aging (a chunk's worth of tokens a step of delay) lets
