@@ -14,7 +14,8 @@ duration, and that duration grows with its prompt tokens (on an H100 at 7.2B, ro
 
 Both share a step's tokens among the waiting prompts, in the scheduler's prefill order, each at most
 `max(prefill_chunk, an equal share of what is left)`: many prompts (a burst) in chunks of
-`prefill_chunk`, a few in long chunks. A prompt whose rest is at most twice that takes all of it:
+`prefill_chunk`, a few in long chunks. A prompt whose rest is at most twice that takes all of it
+(unless that rest crosses a prefix-cache boundary: Scheduler._whole_rest):
 a remnant of less than a chunk would cost the prompt another step (~400 ms in a 960-prompt burst on
 the H200) before its first token, and rows of up to two chunks still give a 16,384-token step 64
 rows, which keep the WKV walk's GPU full (docs/performance.md, "Session 23": the burst's TTFT p50
