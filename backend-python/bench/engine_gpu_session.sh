@@ -12,7 +12,7 @@
 # GPU time per kind of step, the mixed steps' fit, the GPU's idle time between steps), MIXED=1
 # (bench/mixed_step_cost.py: a mixed step's time on a grid of prompt tokens x decode rows, the engine's
 # one-forward step against graph decode + a prefill forward; MIXED_CHUNKS, default "128,256"),
-# RATES (e.g. "4,16": bench/request_rate_benchmark.py against the HTTP server, RATES_DURATION s each),
+# RATES (e.g. "4,16": bench/request_rate_benchmark.py against the HTTP server, RATES_DURATION s each, RATES_DRAIN s to finish),
 # STRATEGY_EXTRA (appended to the server's strategy, e.g. "itl_target_ms=200"), STRATEGY_EXTRAS (several
 # such, separated by ";": one server and one chat-route load each, JSON api_s<n>.json, after the first).
 set -uo pipefail
@@ -82,7 +82,7 @@ if [ "${HTTP:-1}" = 1 ]; then
   fi
   if [ -n "${RATES:-}" ]; then  # Poisson arrivals of the request-rate mix (long prompts included)
     timeout "${RATES_TIMEOUT:-400}" python3 bench/request_rate_benchmark.py --url http://127.0.0.1:8123 --rates "$RATES" \
-        --duration "${RATES_DURATION:-30}" --json "$OUT/request_rate.json" 2>&1 | tee -a "$OUT/log.txt" | tail -12
+        --duration "${RATES_DURATION:-30}" --drain "${RATES_DRAIN:-60}" --json "$OUT/request_rate.json" 2>&1 | tee -a "$OUT/log.txt" | tail -12
   fi
   kill "$server"; wait "$server" 2>/dev/null
   n=0
