@@ -8,6 +8,7 @@ both go through `albatross.ops`, where CUDA kernels replace the torch twins.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass
@@ -331,9 +332,22 @@ class RWKV7:
             raise ValueError(f"got {len(batch.lengths)} slots but {len(cuts)} lists of cuts")
         if cuts is None or not any(cuts):
             return self.forward_batch(pool, batch, token_ids), [[] for _ in batch.lengths]
-        saving = StateCaptures.build(self, pool, batch, tuple(tuple(c) for c in cuts))
+        call_cuts = tuple(tuple(c) for c in cuts)
+        # The slots that capture inside their rows go last in the call, so the others are one run
+        # of rows and take one WKV launch a layer (wkv_dispatch.split_parts stages the capturing
+        # slots' pieces). The logits and captured states come back in the caller's order.
+        order = sorted(range(len(call_cuts)), key=lambda s: bool(call_cuts[s]))
+        reordered = order != list(range(len(order)))
+        if reordered:
+            batch, token_ids = _reordered(list(slots), batch, token_ids, order, self.device)
+            call_cuts = tuple(call_cuts[s] for s in order)
+        saving = StateCaptures.build(self, pool, batch, call_cuts)
         logits = self.forward_batch(pool, batch, token_ids, captures=saving)
-        return logits, saving.states()
+        states = saving.states()
+        if reordered:
+            place = {s: position for position, s in enumerate(order)}
+            states = [states[place[s]] for s in range(len(order))]
+        return logits, states
 
     @torch.inference_mode()
     def forward_batch(
@@ -465,6 +479,28 @@ class StateCaptures:
             out.append([SlotState(self.att_shift[:, j], self.ffn_shift[:, j], self.wkv[:, j]) for j in range(index, index + len(slot_cuts))])
             index += len(slot_cuts)
         return out
+
+
+def _reordered(
+    slots: list[int], batch: ops.FlatBatch, token_ids: torch.Tensor, order: list[int], device: torch.device
+) -> tuple[ops.FlatBatch, torch.Tensor]:
+    """The call (`slots`, host-side: no sync) with its slots in `order`, their rows moved with
+    them; its `last_rows` still list each slot's last row in the caller's order, so the logits
+    come out in that order."""
+    starts = [0]
+    for n in batch.lengths:
+        starts.append(starts[-1] + n)
+    rows = [row for s in order for row in range(starts[s], starts[s + 1])]
+    lengths = [batch.lengths[s] for s in order]
+    moved = ops.FlatBatch.build([slots[s] for s in order], lengths, device)
+    last = [0] * len(order)
+    at = 0
+    for s, n in zip(order, lengths):
+        at += n
+        last[s] = at - 1
+    moved_last = ops.host_to_device(torch.tensor(last, dtype=torch.int64), device)
+    index = ops.host_to_device(torch.tensor(rows, dtype=torch.int64), device)
+    return dataclasses.replace(moved, last_rows=moved_last), token_ids.index_select(0, index)
 
 
 def _transposed_to(matrix: torch.Tensor, device: torch.device, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:

@@ -13,8 +13,13 @@ and after it the sequential one, each part on its own rows. The chunked kernel's
 its slot count times its longest slot's chunks, so short slots riding in it would launch mostly
 empty programs (960 decode rows next to a 4,096-token chunk: about 16 million a layer).
 
-A whole call on the sequential kernel also gets its launch shape, one state row a thread or two
-(`LAYOUT`); a split call's sequential parts keep one.
+Every sequential launch gets its launch shape from its own slots, one state row a thread or two
+(`LAYOUT`), a split call's parts too.
+
+A slot whose states the prefix cache captures inside its rows (`cuts`) walks them in pieces, the
+state copied out between pieces. The capturing slots' pieces go in stages, the j-th piece of
+every such slot in one launch on gathered rows: a launch walks ~1 us a token whatever its width,
+so a launch a piece would make a step with 16 capturing slots walk their pieces one after another.
 """
 
 from __future__ import annotations
@@ -124,24 +129,39 @@ def multiprocessors(device_index: int) -> int:
 
 _chunked: Any = None  # the Triton module once imported; False when it cannot be
 Cuts = tuple[tuple[int, ...], ...]  # per call slot: token counts after which its state is captured
-_parts_cache: tuple[ops.FlatBatch, tuple[int, int] | None, Cuts | None, list[Part]] | None = None  # one batch's split, reused by every layer
+# One batch's split, reused by every layer: (batch, run, cuts, launch-shape key, parts).
+_parts_cache: tuple[ops.FlatBatch, tuple[int, int] | None, Cuts | None, object, list[Part]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Part:
-    """Consecutive slots of a call that one kernel runs: their rows [row_start, row_stop) of the
-    call's inputs, pool indices, row bounds rebased to the part's first row, and host lengths. A
-    part that ends at a checkpoint holds one slot, whose state then goes to `capture`."""
+    """Slots of a call that one kernel launch runs: their rows of the call's inputs (`spans`, one
+    range per slot piece, in the launch's slot order), pool indices, row bounds rebased to the
+    part's first row, host lengths, and the sequential kernel's launch shape. A part whose spans
+    are not one range (a stage of pieces, below) gathers its rows (`gather`) and its output goes
+    back to them. After the part, the states of `capture_from` (pool indices) go to `captures`
+    rows `capture_at`; `capture` lists those indices on the host."""
 
     chunked: bool
-    row_start: int
-    row_stop: int
+    spans: tuple[tuple[int, int], ...]
     slot_idx: torch.Tensor
     cu_seqlens: torch.Tensor
     lengths: tuple[int, ...]
     offsets: torch.Tensor | None  # the chunked kernel's chunk offsets (device int32)
-    capture: int = -1  # a sequential part: after it, its one slot's state goes to this capture; -1: none
+    gather: torch.Tensor | None = None  # int64 call rows when `spans` are not one range
+    capture: tuple[int, ...] = ()
+    capture_at: torch.Tensor | None = None  # int64, one per entry of `capture`
+    capture_from: torch.Tensor | None = None  # the pool slots whose states those are
     chunk_captures: torch.Tensor | None = None  # a chunked part: per chunk, a capture index or -1 (device int32)
+    launch: tuple[int, bool, bool] = (1, False, False)  # a sequential part: (rows_per_thread, direct_rows, scaled_rows)
+
+    @property
+    def row_start(self) -> int:
+        return self.spans[0][0]
+
+    @property
+    def row_stop(self) -> int:
+        return self.spans[-1][1]
 
 
 def chunked_kernel_available() -> bool:
@@ -176,8 +196,8 @@ def wkv7(
     H, N, N], in order of slot then cut). Such a slot runs its rows up to its first cut on the
     sequential kernel, then the rest on the chunked kernel when the policy takes that rest as a
     long slot and its cuts fall on chunk ends (the kernel copies the state out after those
-    chunks), else in pieces on the sequential kernel (a launch a piece; its walk is one token
-    after another anyway)."""
+    chunks), else in pieces on the sequential kernel, in stages with the other such slots'
+    pieces (`split_parts`)."""
     policy = POLICY if policy is None else policy
     if cuts is not None and not any(cuts):
         cuts = None
@@ -191,7 +211,7 @@ def wkv7(
             rows, direct, scaled = LAYOUT.launch(len(batch.lengths), batch.shortest, state.shape[1], multiprocessors(state.get_device()))
         return ops.wkv7(state, batch.slot_idx, batch.cu_seqlens, r, w, k, v, a, b, batch.single_token, rows, direct, scaled)
     chunked = _chunked.wkv7_chunked_triton if run is not None else _no_chunked_kernel
-    return run_parts(state, _parts(batch, run, cuts), (r, w, k, v, a, b), chunked, ops.wkv7, captures)
+    return run_parts(state, _parts(batch, run, cuts, state), (r, w, k, v, a, b), chunked, ops.wkv7, captures)
 
 
 def check_cuts(cuts: tuple[int, ...], length: int) -> None:
@@ -220,13 +240,16 @@ def run_parts(
     sequential: Callable[..., torch.Tensor],
     captures: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """Each part on its kernel and its own rows of `inputs` (r, w, k, v, a, b), in order, the
-    outputs joined in row order; a part with a capture index then copies its slot's state into
-    `captures` (on the device, no sync). Parts of different slots advance independently; the
-    pieces of one slot are consecutive parts."""
+    """Each part on its kernel and its own rows of `inputs` (r, w, k, v, a, b), in order, each
+    output put back at its rows; after a part, its captures copy slot states into `captures` (on
+    the device, no sync). Parts of different slots advance independently; the pieces of one slot
+    come in order."""
     outputs = []
     for part in parts:
-        rows = [x[part.row_start : part.row_stop] for x in inputs]
+        if part.gather is not None:
+            rows = [x.index_select(0, part.gather) for x in inputs]
+        else:
+            rows = [x[part.row_start : part.row_stop] for x in inputs]
         if part.chunked and part.chunk_captures is not None:
             outputs.append(chunked(state, part.slot_idx, part.cu_seqlens, *rows, part.lengths, offsets=part.offsets,
                                    captures=captures, chunk_captures=part.chunk_captures))  # fmt: skip
@@ -234,11 +257,22 @@ def run_parts(
             outputs.append(chunked(state, part.slot_idx, part.cu_seqlens, *rows, part.lengths, offsets=part.offsets))
         else:
             single = all(n == 1 for n in part.lengths)
-            outputs.append(sequential(state, part.slot_idx, part.cu_seqlens, *rows, single))
-        if part.capture >= 0:
-            assert captures is not None, "a checkpoint without a buffer to capture it in"
-            captures[part.capture : part.capture + 1].copy_(state.index_select(0, part.slot_idx))
-    return outputs[0] if len(outputs) == 1 else torch.cat(outputs)
+            outputs.append(sequential(state, part.slot_idx, part.cu_seqlens, *rows, single, *part.launch))
+        if part.capture_at is not None:
+            assert captures is not None and part.capture_from is not None, "a checkpoint without a buffer to capture it in"
+            captures.index_copy_(0, part.capture_at, state.index_select(0, part.capture_from))
+    if len(parts) == 1 and parts[0].gather is None:
+        return outputs[0]
+    y = outputs[0].new_empty((inputs[0].shape[0], *outputs[0].shape[1:]))
+    for part, out in zip(parts, outputs):
+        if part.gather is None:
+            y[part.row_start : part.row_stop] = out
+        else:
+            y.index_copy_(0, part.gather, out)
+    return y
+
+
+LaunchShape = Callable[[int, int], tuple[int, bool, bool]]  # (slots, shortest) -> the sequential kernel's shape
 
 
 def split_parts(
@@ -246,14 +280,21 @@ def split_parts(
     run: tuple[int, int] | None,
     chunk_offsets: Callable[[tuple[int, ...]], list[int]] | None,
     cuts: Cuts | None = None,
+    launch: LaunchShape | None = None,
 ) -> list[Part]:
-    """The call cut into parts: the chunked run (slots [run[0], run[1])), the pieces of each slot
-    with cuts (capture indices in order of slot then cut), and the sequential slots between them,
-    grouped. A slot with cuts runs up to its first cut on the sequential kernel; in the run, the
-    rest is one chunked part that captures at its other cuts (whole chunks past the first cut,
-    `_policy_length`), else the rest goes in sequential pieces. Every part's device index tensors
-    come from one host copy (no sync). `chunk_offsets` builds the chunked kernel's offsets (None:
-    the part gets none, as the torch twin needs none)."""
+    """The call cut into parts: the chunked run (slots [run[0], run[1])), the sequential slots
+    around it grouped by consecutive rows, and the slots with cuts (capture indices in order of
+    slot then cut). A slot with cuts in the run goes up to its first cut on the sequential kernel,
+    then the rest in one chunked part that captures at its other cuts (whole chunks past the first
+    cut, `_policy_length`). The slots with cuts outside the run go in stages: stage j runs every
+    such slot's j-th piece (between its cuts) in one sequential launch on gathered rows, so a call
+    with many capturing slots takes as many launches as its most-cut slot has pieces, not one a
+    piece (a launch walks ~1 us a token whatever its width: docs/performance.md, "Session 24").
+    Those slots' rows are best last in the call (RWKV7.forward_ids puts them there), so that the
+    other slots are one run. Every part's device index tensors come from one host copy a dtype
+    (no sync). `chunk_offsets` builds the chunked kernel's offsets (None: the part gets none, as
+    the torch twin needs none); `launch` gives a sequential part's launch shape (None: one row a
+    thread, the shape every kernel build has)."""
     count = len(batch.lengths)
     bounds = [0]
     for n in batch.lengths:
@@ -263,6 +304,7 @@ def split_parts(
         return run is not None and run[0] <= slot < run[1]
 
     spans: list[_Span] = []
+    staged: list[tuple[int, list[int], int]] = []  # (slot, its piece bounds, its first capture index)
     captured = 0
     slot = 0
     while slot < count:
@@ -270,73 +312,126 @@ def split_parts(
         if slot_cuts:
             length = batch.lengths[slot]
             check_cuts(slot_cuts, length)
-            pieces = [0, *slot_cuts, length]
             if in_run(slot):  # the first piece, then the rest in one chunked part
                 first = slot_cuts[0]
-                spans.append(_Span(slot, slot + 1, False, bounds[slot], bounds[slot] + first, captured))
+                spans.append(_Span((slot,), ((bounds[slot], bounds[slot] + first),), False, (captured,)))
                 marks = {(cut - first) // CHUNK - 1: captured + j for j, cut in enumerate(slot_cuts[1:], 1)}
-                spans.append(_Span(slot, slot + 1, True, bounds[slot] + first, bounds[slot] + length, -1, marks))
+                spans.append(_Span((slot,), ((bounds[slot] + first, bounds[slot] + length),), True, (), marks))
             else:
-                for j in range(len(pieces) - 1):
-                    capture = captured + j if j < len(slot_cuts) else -1
-                    spans.append(_Span(slot, slot + 1, False, bounds[slot] + pieces[j], bounds[slot] + pieces[j + 1], capture))
+                staged.append((slot, [0, *slot_cuts, length], captured))
             captured += len(slot_cuts)
             slot += 1
             continue
         last = slot + 1
         while last < count and not (cuts is not None and cuts[last]) and in_run(last) == in_run(slot):
             last += 1
-        spans.append(_Span(slot, last, in_run(slot), bounds[slot], bounds[last], -1))
+        spans.append(_Span(tuple(range(slot, last)), tuple((bounds[s], bounds[s + 1]) for s in range(slot, last)), in_run(slot), ()))
         slot = last
-    host: list[int] = []
+    for stage in range(max((len(pieces) - 1 for _, pieces, _ in staged), default=0)):
+        members = [(s, pieces, first) for s, pieces, first in staged if len(pieces) - 1 > stage]
+        spans.append(
+            _Span(
+                tuple(s for s, _, _ in members),
+                tuple((bounds[s] + pieces[stage], bounds[s] + pieces[stage + 1]) for s, pieces, _ in members),
+                False,
+                tuple(first + stage for _, pieces, first in members if stage < len(pieces) - 2),
+                capturing=tuple(s for s, pieces, _ in members if stage < len(pieces) - 2),
+            )
+        )
+    return _device_parts(batch, spans, chunk_offsets, launch)
+
+
+@dataclass(frozen=True, slots=True)
+class _Span:
+    """A part before its device tensors: its call slots, each one's rows, and what it captures."""
+
+    slots: tuple[int, ...]
+    ranges: tuple[tuple[int, int], ...]  # per slot, its rows [start, stop) of the call
+    chunked: bool
+    captures: tuple[int, ...]  # capture indices after the part
+    marks: dict[int, int] | None = None  # a chunked part's captures: chunk index -> capture index
+    capturing: tuple[int, ...] | None = None  # the slots those captures copy; None: the part's one slot
+
+    def merged(self) -> tuple[tuple[int, int], ...]:
+        out = [self.ranges[0]]
+        for start, stop in self.ranges[1:]:
+            if start == out[-1][1]:
+                out[-1] = (out[-1][0], stop)
+            else:
+                out.append((start, stop))
+        return tuple(out)
+
+
+def _device_parts(batch: ops.FlatBatch, spans: list[_Span], chunk_offsets: Callable[[tuple[int, ...]], list[int]] | None, launch: LaunchShape | None) -> list[Part]:
+    """Each span as a Part, its index tensors cut from one int32 and one int64 host copy."""
+    small: list[int] = []  # int32: rebased bounds, chunk offsets, chunk marks, call-slot positions
+    large: list[int] = []  # int64: gathered rows, capture indices
     layout = []
     for span in spans:
-        lengths = (span.row_stop - span.row_start,) if span.last - span.first == 1 else batch.lengths[span.first : span.last]
+        lengths = tuple(stop - start for start, stop in span.ranges)
         rebased = [0]
         for n in lengths:
             rebased.append(rebased[-1] + n)
         offsets = chunk_offsets(lengths) if span.chunked and chunk_offsets is not None else []
         chunk_marks = [span.marks.get(c, -1) for c in range(-(-lengths[0] // CHUNK))] if span.marks is not None else []
-        layout.append((len(host), len(rebased), len(offsets), len(chunk_marks), lengths))
-        host += rebased + offsets + chunk_marks
-    ints = ops.host_to_device(torch.tensor(host, dtype=torch.int32), batch.cu_seqlens.device)
+        consecutive = all(span.slots[i] + 1 == span.slots[i + 1] for i in range(len(span.slots) - 1))
+        capturing = span.slots if span.capturing is None else span.capturing
+        positions = ([] if consecutive else list(span.slots)) + (list(capturing) if span.captures else [])
+        merged = span.merged()
+        gather = [row for start, stop in span.ranges for row in range(start, stop)] if len(merged) > 1 else []
+        layout.append((len(small), rebased, offsets, chunk_marks, consecutive, len(large), gather, lengths, merged))
+        small += rebased + offsets + chunk_marks + positions
+        large += gather + list(span.captures)
+    device = batch.cu_seqlens.device
+    ints = ops.host_to_device(torch.tensor(small, dtype=torch.int32), device)
+    longs = ops.host_to_device(torch.tensor(large, dtype=torch.int64), device)
     parts = []
-    for span, (at, bound_count, offset_count, mark_count, lengths) in zip(spans, layout):
-        at_marks = at + bound_count + offset_count
+    for span, (at, rebased, offsets, chunk_marks, consecutive, at_long, gather, lengths, merged) in zip(spans, layout):
+        at_offsets = at + len(rebased)
+        at_marks = at_offsets + len(offsets)
+        at_positions = at_marks + len(chunk_marks)
+        if consecutive:
+            slot_idx = batch.slot_idx[span.slots[0] : span.slots[-1] + 1]
+            at_capturing = at_positions
+        else:
+            slot_idx = batch.slot_idx.index_select(0, ints[at_positions : at_positions + len(span.slots)])
+            at_capturing = at_positions + len(span.slots)
+        capture_from = None
+        if span.captures:
+            capturing = span.slots if span.capturing is None else span.capturing
+            capture_from = batch.slot_idx.index_select(0, ints[at_capturing : at_capturing + len(capturing)])
+        at_captures = at_long + len(gather)
+        shape = launch(len(lengths), min(lengths)) if launch is not None and not span.chunked else (1, False, False)
         parts.append(
             Part(
                 chunked=span.chunked,
-                row_start=span.row_start,
-                row_stop=span.row_stop,
-                slot_idx=batch.slot_idx[span.first : span.last],
-                cu_seqlens=ints[at : at + bound_count],
+                spans=merged,
+                slot_idx=slot_idx,
+                cu_seqlens=ints[at : at + len(rebased)],
                 lengths=lengths,
-                offsets=ints[at + bound_count : at_marks] if offset_count else None,
-                capture=span.capture,
-                chunk_captures=ints[at_marks : at_marks + mark_count] if span.marks is not None else None,
+                offsets=ints[at_offsets:at_marks] if offsets else None,
+                gather=longs[at_long:at_captures] if gather else None,
+                capture=span.captures,
+                capture_at=longs[at_captures : at_captures + len(span.captures)] if span.captures else None,
+                capture_from=capture_from,
+                chunk_captures=ints[at_marks:at_positions] if span.marks is not None else None,
+                launch=shape,
             )
         )
     return parts
 
 
-@dataclass(frozen=True, slots=True)
-class _Span:
-    """A part before its device tensors: slots [first, last), its rows, and what it captures."""
-
-    first: int
-    last: int
-    chunked: bool
-    row_start: int
-    row_stop: int
-    capture: int
-    marks: dict[int, int] | None = None  # a chunked part's captures: chunk index -> capture index
+def _launch_shape(heads: int, multiprocessors: int, layout: SequentialLayout, slots: int, shortest: int) -> tuple[int, bool, bool]:
+    return layout.launch(slots, shortest, heads, multiprocessors)
 
 
-def _parts(batch: ops.FlatBatch, run: tuple[int, int] | None, cuts: Cuts | None) -> list[Part]:
+def _parts(batch: ops.FlatBatch, run: tuple[int, int] | None, cuts: Cuts | None, state: torch.Tensor) -> list[Part]:
     global _parts_cache
+    shape_key = (LAYOUT, state.shape[1], multiprocessors(state.get_device())) if state.is_cuda and not batch.single_token else None
     cached = _parts_cache  # read once: workers on other GPUs replace it from their threads
-    if cached is None or cached[0] is not batch or cached[1] != run or cached[2] != cuts:
+    if cached is None or cached[0] is not batch or cached[1] != run or cached[2] != cuts or cached[3] != shape_key:
         offsets = _chunked.chunk_offsets if run is not None else None
-        cached = (batch, run, cuts, split_parts(batch, run, offsets, cuts))
+        launch = functools.partial(_launch_shape, shape_key[1], shape_key[2], shape_key[0]) if shape_key is not None else None
+        cached = (batch, run, cuts, shape_key, split_parts(batch, run, offsets, cuts, launch))
         _parts_cache = cached
-    return cached[3]
+    return cached[4]

@@ -188,12 +188,12 @@ def test_flat_batch_marks_decode_steps_for_the_single_token_wkv_path() -> None:
     assert not ops.FlatBatch.build([2], [7], cpu).single_token
 
 
-def test_forward_saving_captures_the_state_each_prefix_leaves(model: RWKV7) -> None:
+@pytest.mark.parametrize("cuts", [[[1, 16, 39], [], [8]], [[], [], [8]], [[5, 6], [], []]], ids=["around", "last", "first"])
+def test_forward_saving_captures_the_state_each_prefix_leaves(model: RWKV7, cuts: list[list[int]]) -> None:
     """The prefix cache's checkpoints inside a chunk: the states `forward_saving` captures equal
     the slot states after feeding each prefix alone, and the call's logits and final states are
-    `forward`'s."""
+    `forward`'s, in the caller's slot order (the model moves the capturing slots last)."""
     prompts = [_tokens(seed=11, count=40), _tokens(seed=12, count=1), _tokens(seed=13, count=23)]
-    cuts = [[1, 16, 39], [], [8]]
     pool = StatePool(model, batch_size=6)
     for slot in range(6):  # non-zero starting states: the captures continue each slot's history
         model.forward(pool, [slot], [_tokens(seed=20 + slot, count=3)])
@@ -206,7 +206,7 @@ def test_forward_saving_captures_the_state_each_prefix_leaves(model: RWKV7) -> N
     _assert_close(expected, logits, "logits")
     for slot in (4, 0, 2):
         _assert_same_state(pool, slot, reference, slot, f"slot {slot} after the call")
-    assert [len(states) for states in saved] == [3, 0, 1]
+    assert [len(states) for states in saved] == [len(c) for c in cuts]
     for slot, prompt, slot_cuts, states in zip((4, 0, 2), prompts, cuts, saved):
         for cut, state in zip(slot_cuts, states):
             alone = StatePool(model, batch_size=6)

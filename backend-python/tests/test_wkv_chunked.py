@@ -175,11 +175,86 @@ def test_cuts_capture_each_state_a_prefix_alone_would_leave() -> None:
         ops.wkv7_torch(alone, one.slot_idx, one.cu_seqlens, *prefix)
         assert torch.equal(captures[index], alone[slots[call_slot]]), (call_slot, cut)
     parts = wkv_dispatch.split_parts(batch, None, None, cuts)
-    assert [(p.row_start, p.row_stop, p.capture) for p in parts] == [
-        (0, 1, -1), (1, 6, 0), (6, 17, 1), (17, 37, 2), (37, 38, -1), (38, 39, -1), (39, 58, 3), (58, 59, -1),
+    # The slots between the capturing ones run as they lie; the pieces go in stages, one launch
+    # for the j-th piece of every capturing slot (gathered rows), capturing after it.
+    assert [(p.spans, p.capture, p.gather is not None) for p in parts] == [
+        (((0, 1),), (), False),
+        (((38, 39),), (), False),
+        (((1, 6), (39, 58)), (0, 3), True),
+        (((6, 17), (58, 59)), (1,), True),
+        (((17, 37),), (2,), False),
+        (((37, 38),), (), False),
     ]
     with pytest.raises(ValueError, match="must increase"):
         wkv_dispatch.split_parts(batch, None, None, ((), (16, 5), (), ()))
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_staged_pieces_of_many_capturing_slots_match_the_whole_call(seed: int) -> None:
+    """A burst step's shape: many slots, some capturing at boundaries inside their rows (one to
+    three cuts), in random order. The pieces run in stages (one launch for the j-th piece of every
+    capturing slot), yet the output and final states are the whole call's exactly, each capture
+    is the state of its prefix alone, and the launches are the runs of other slots plus the most
+    pieces any slot has."""
+    gen = torch.Generator().manual_seed(100 + seed)
+    count = 14
+    lengths = torch.randint(1, 60, (count,), generator=gen).tolist()
+    cuts: list[tuple[int, ...]] = []
+    for n in lengths:
+        wanted = int(torch.randint(0, 4, (1,), generator=gen)) if n > 4 and torch.rand(1, generator=gen).item() < 0.5 else 0
+        cuts.append(tuple(sorted(torch.randperm(n - 1, generator=gen)[:wanted].add(1).tolist())))
+    assert any(cuts) and not all(cuts)
+    inputs = wkv_inputs(lengths, 2, torch.float32, gen)
+    pool = count + 4
+    slots = torch.randperm(pool, generator=gen)[:count].tolist()
+    batch = ops.FlatBatch.build(slots, lengths, torch.device("cpu"))
+    state = torch.randn(pool, 2, 64, 64, generator=gen) * 0.3
+    total = sum(len(c) for c in cuts)
+    captures = torch.full((total, 2, 64, 64), float("nan"))
+    got_state, whole_state = state.clone(), state.clone()
+    got = wkv_dispatch.wkv7(got_state, batch, *inputs, cuts=tuple(cuts), captures=captures)
+    whole = ops.wkv7_torch(whole_state, batch.slot_idx, batch.cu_seqlens, *inputs)
+    assert torch.equal(got, whole) and torch.equal(got_state, whole_state)
+    index, start = 0, 0
+    for call_slot, n in enumerate(lengths):
+        for cut in cuts[call_slot]:
+            alone = state.clone()
+            one = ops.FlatBatch.build([slots[call_slot]], [cut], torch.device("cpu"))
+            ops.wkv7_torch(alone, one.slot_idx, one.cu_seqlens, *(x[start : start + cut] for x in inputs))
+            assert torch.equal(captures[index], alone[slots[call_slot]]), (call_slot, cut)
+            index += 1
+        start += n
+    runs = sum(1 for i, c in enumerate(cuts) if not c and (i == 0 or cuts[i - 1]))
+    parts = wkv_dispatch.split_parts(batch, None, None, tuple(cuts))
+    assert len(parts) == runs + max(len(c) + 1 for c in cuts)
+    assert sorted(i for p in parts for i in p.capture) == list(range(total))
+
+
+def test_each_sequential_part_gets_its_own_launch_shape() -> None:
+    """The launch shape (rows a thread, direct rows, scaled walk) of a split call's sequential
+    parts comes from each part's own slot count and shortest slot; a chunked part has none."""
+    lengths = [300, 300, 290, 1, 700]
+    cuts = ((), (), (), (), ())
+    batch = ops.FlatBatch.build([0, 1, 2, 3, 4], lengths, torch.device("cpu"))
+    asked: list[tuple[int, int]] = []
+
+    def launch(slots: int, shortest: int) -> tuple[int, bool, bool]:
+        asked.append((slots, shortest))
+        return (2, True, True) if shortest >= 128 else (1, False, False)
+
+    parts = wkv_dispatch.split_parts(batch, (4, 5), None, cuts, launch)
+    assert [(p.chunked, p.lengths, p.launch) for p in parts] == [
+        (False, (300, 300, 290, 1), (1, False, False)),
+        (True, (700,), (1, False, False)),
+    ]
+    assert asked == [(4, 1)]
+    parts = wkv_dispatch.split_parts(batch, None, None, ((), (), (100,), (), ()), launch)
+    assert [(p.lengths, p.launch) for p in parts] == [
+        ((300, 300), (2, True, True)),
+        ((1, 700), (1, False, False)),
+        ((100,), (1, False, False)),  # the capturing slot's pieces, in stages
+        ((190,), (2, True, True)),
+    ]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="triton is not installed")
@@ -189,8 +264,11 @@ def test_a_split_call_with_the_triton_kernel_matches_the_whole_sequential_call_i
     assert [tuple(p) for p in results["one long slot alone"]["parts"]] == [(True, 0, 41)]
     assert [tuple(p) for p in results["captures inside a long slot"]["parts"]] == [(False, 0, 1), (False, 1, 4), (True, 4, 71), (False, 71, 72)]
     assert [tuple(p) for p in results["captures off the chunk ends: sequential pieces"]["parts"]] == [
-        (False, 0, 5), (False, 5, 30), (False, 30, 70), (False, 70, 71),
-    ]
+        (False, 70, 71),
+        (False, 0, 5),
+        (False, 5, 30),
+        (False, 30, 70),
+    ]  # the slot without cuts first, then the pieces in stages
     assert len(results) == 5
     for result in results.values():  # fp32 in, ieee products: a few ulps apart
         assert result["y_diff"] <= 2e-6 * max(1.0, result["y_scale"]), result

@@ -236,3 +236,42 @@ def test_the_chunked_kernel_captures_states_at_chunk_ends(state_dtype: torch.dty
         one = ops.FlatBatch.build([1], [cut], torch.device(DEV))
         ops.wkv7(alone, one.slot_idx, one.cu_seqlens, *(x[1 : 1 + cut] for x in inputs), False)
         assert _max_rel(captures[index], alone[1]) <= bar, cut
+
+
+@pytest.mark.parametrize("capturing_last", [True, False], ids=["capturing-last", "interleaved"])
+def test_staged_pieces_in_a_burst_step_match_the_whole_call(capturing_last: bool) -> None:
+    """A burst step at the 7.2B's 64 heads: 60 prompt rows of 130-260 tokens (enough chains for
+    the two-row direct, scaled launch), 8 of them capturing prefix states at one or two cuts. The
+    capturing slots' pieces run in stages on gathered rows, the others in one launch (or one a
+    run, interleaved); outputs and final states match the whole call on the sequential kernel,
+    and each capture the state of its prefix alone, within the fp16 state's bar."""
+    heads = 64
+    gen = torch.Generator().manual_seed(41 + int(capturing_last))
+    lengths = torch.randint(130, 261, (60,), generator=gen).tolist()
+    capturing = list(range(52, 60)) if capturing_last else list(range(3, 60, 7))[:8]
+    cuts = tuple(
+        (tuple(sorted(torch.randperm(lengths[s] - 1, generator=gen)[: 1 + s % 2].add(1).tolist())) if s in capturing else ())
+        for s in range(60)
+    )
+    dev_gen = torch.Generator(device=DEV).manual_seed(5)
+    inputs = wkv_inputs(lengths, heads, torch.float16, dev_gen, device=DEV)
+    slots = torch.randperm(64, generator=gen)[:60].tolist()
+    batch = ops.FlatBatch.build(slots, lengths, torch.device(DEV))
+    start = (torch.randn(64, heads, 64, 64, generator=dev_gen, device=DEV) * 0.3).half()
+    captures = torch.full((sum(len(c) for c in cuts), heads, 64, 64), float("nan"), device=DEV, dtype=torch.float16)
+    split_state, whole_state = start.clone(), start.clone()
+    split_y = wkv_dispatch.wkv7(split_state, batch, *inputs, cuts=cuts, captures=captures)
+    whole_y = wkv_dispatch.wkv7(whole_state, batch, *inputs)
+    bar = TOLERANCE[torch.float16]
+    assert torch.isfinite(split_y).all() and torch.isfinite(captures).all()
+    assert _max_rel(split_y, whole_y) <= bar
+    assert _max_rel(split_state[slots], whole_state[slots]) <= bar
+    index, row = 0, 0
+    for call_slot, n in enumerate(lengths):
+        for cut in cuts[call_slot]:
+            alone = start.clone()
+            one = ops.FlatBatch.build([slots[call_slot]], [cut], torch.device(DEV))
+            ops.wkv7(alone, one.slot_idx, one.cu_seqlens, *(x[row : row + cut] for x in inputs), False)
+            assert _max_rel(captures[index], alone[slots[call_slot]]) <= bar, (call_slot, cut)
+            index += 1
+        row += n
