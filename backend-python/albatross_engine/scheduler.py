@@ -235,10 +235,10 @@ class Scheduler:
     def _whole_rest(self, task: EngineTask) -> int | None:
         """The prompt tokens the task has left, offered whole to the budget's chunk rule; None when
         going whole would put a prefix-cache boundary inside the row. A boundary inside a row is
-        captured by splitting that slot's WKV walk into pieces of a launch each
-        (wkv_dispatch.run_parts), while one at a row's end is saved from the slot after the step:
-        a burst of prompts crossing a boundary would trade its chunks' free saves for up to
-        MAX_CHECKPOINTS_PER_STEP launches a layer."""
+        captured by splitting that slot's WKV walk into pieces, run in extra launches a layer
+        (wkv_dispatch.split_parts), while one at a row's end is saved from the slot after the
+        step: a burst of prompts crossing a boundary would trade its chunks' free saves for
+        those launches."""
         pos, length = task.prompt_pos, task.prompt_len
         if task.use_prefix_cache and (pos // self.prefix_boundary + 1) * self.prefix_boundary < length:
             return None
