@@ -50,8 +50,18 @@ from albatross.wkv_chunked import CHUNK, FACTORS, HEAD, SPAN_LIMIT
 # warps, 1.07 with 4, 0.86 with 2 and 1.50 with 1; the final-state error was the same (2.69e-6).
 PREPARE_WARPS = 2
 
+# Triton compiles a kernel again for every new combination of its arguments' specializations: an
+# integer's divisibility by 16 and a pointer's 16-byte alignment. The call's small int32 index
+# tensors (slots, row bounds, chunk offsets, capture marks) are slices of one host copy at any
+# element offset, and the row count is any number, so a server met new combinations for minutes,
+# each a compile of seconds with the worker stalled (on an H100, long prompts' first tokens after
+# 5-7 s at 1 request/s: docs/performance.md, "Session 24"). These are read a scalar at a time, so
+# their specialization buys nothing: it is off, and the variants left are the constexpr ones that
+# DeviceStep.warm_long_prefill builds at load.
+_INDEX_ARGS = ["slot_idx_ptr", "cu_ptr", "chunk_offsets_ptr", "chunk_capture_ptr", "total"]
 
-@triton.jit
+
+@triton.jit(do_not_specialize=[name for name in _INDEX_ARGS if name not in ("slot_idx_ptr", "chunk_capture_ptr")])
 def _chunk_prepare_kernel(
     r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,
     stride_r, stride_w, stride_k, stride_v, stride_a, stride_b,
@@ -123,7 +133,7 @@ def _chunk_prepare_kernel(
         tl.store(span_ptr + key, tl.max(-c_last, axis=0))
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_INDEX_ARGS)
 def _chunk_scan_kernel(
     state_ptr, slot_idx_ptr, cu_ptr, chunk_offsets_ptr, factors_ptr, decay_ptr, span_ptr, y_ptr,
     r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,

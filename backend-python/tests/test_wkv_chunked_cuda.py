@@ -275,3 +275,46 @@ def test_staged_pieces_in_a_burst_step_match_the_whole_call(capturing_last: bool
             assert _max_rel(captures[index], alone[slots[call_slot]]) <= bar, (call_slot, cut)
             index += 1
         row += n
+
+
+def _compiled_variants() -> int:
+    from albatross import wkv_chunked_triton
+
+    kernels = (wkv_chunked_triton._chunk_prepare_kernel, wkv_chunked_triton._chunk_scan_kernel)
+    return sum(len(entry[0]) for kernel in kernels for entry in kernel.device_caches.values())  # [0]: the kernel cache
+
+
+@pytest.mark.parametrize("capture", [False, True], ids=["plain", "captures"])
+def test_index_slices_at_any_offset_and_any_row_count_reuse_one_build(capture: bool) -> None:
+    """The dispatch hands the chunked kernel slices of one int32 host copy at any element offset,
+    and calls of any row count: after one build per constexpr variant, none of those compiles the
+    kernels again (each compile stalled a server for seconds), and every call is still right."""
+    from albatross import wkv_chunked_triton
+
+    heads = 2
+    results = []
+    before = None
+    for shift, length in [(0, 528), (1, 529), (2, 531), (3, 600), (5, 513)]:
+        gen = torch.Generator(device=DEV).manual_seed(shift)
+        inputs = wkv_inputs([length], heads, torch.float16, gen, device=DEV)
+        start = (torch.randn(3, heads, 64, 64, generator=gen, device=DEV) * 0.3).half()
+        chunks = -(-length // wkv_chunked_triton.CHUNK)
+        host = [0] * shift + [1] + [0, length] + [0, chunks] + [-1] * (chunks - 1) + [0]  # the last chunk captures
+        ints = torch.tensor(host, dtype=torch.int32, device=DEV)
+        slot_idx, cu, offsets = ints[shift : shift + 1], ints[shift + 1 : shift + 3], ints[shift + 3 : shift + 5]
+        marks = ints[shift + 5 : shift + 5 + chunks]
+        captures = torch.full((1, heads, 64, 64), float("nan"), device=DEV, dtype=torch.float16) if capture else None
+        state = start.clone()
+        y = wkv_chunked_triton.wkv7_chunked_triton(
+            state, slot_idx, cu, *inputs, [length], offsets=offsets, captures=captures, chunk_captures=marks if capture else None
+        )
+        if before is None:
+            before = _compiled_variants()  # the first call built what this variant needs
+        whole = start.clone()
+        expected = ops.wkv7(whole, slot_idx.clone(), cu.clone(), *inputs, False)
+        results.append((_max_rel(y, expected), _max_rel(state[1], whole[1])))
+        if capture:
+            assert torch.equal(captures[0], state[1])
+    assert _compiled_variants() == before
+    bar = TOLERANCE[torch.float16]
+    assert all(y_err <= bar and s_err <= bar for y_err, s_err in results), results
