@@ -16,7 +16,8 @@ Random weights make a server sample ids the tokenizer does not define (65530-655
 the weights file has those ids impossible (random_checkpoint --impossible-ids), so no server dies
 of an undefined id and every stream runs to its max_tokens. Each server gets the loads of
 request_rate_benchmark.py (Poisson rates over the same 1,200-request pool) and a burst (all
-`--burst` requests at once, the 960-stream load); the JSON holds every server's summaries and
+`--burst` requests at once, the 960-stream load of the wave-1 workload unless `--burst-mix
+pool`); the JSON holds every server's summaries and
 plot_request_rate.py draws them.
 """
 
@@ -134,6 +135,21 @@ class RunningServer:
         self._log.close()
 
 
+# The shape of the burst behind the README's headline figures (albatross_api_benchmark.py's
+# wave-1 workload: 200-word prompts, 256 tokens each, all at once), in this pool's words (one or
+# two tokens each, so somewhat more prompt tokens). The rate pool's mix as a burst is ~1M prompt
+# tokens, which did not drain in 25 s on an H100 (docs/performance.md, "Session 24").
+WAVE1_MIX = (rate_bench.RequestClass("wave-1 burst", 1.0, (200, 200), (256, 256)),)
+
+
+def burst_pool(args: argparse.Namespace, pool: list[rate_bench.PlannedRequest]) -> list[rate_bench.PlannedRequest]:
+    """The requests of the burst: the wave-1 workload, or the rate pool's first `--burst`."""
+    if args.burst_mix == "pool":
+        return pool
+    burst = rate_bench.request_pool(args.burst, args.seed, WAVE1_MIX)
+    return [rate_bench.capped(r, args.cap_words, args.cap_tokens) for r in burst] if args.cap_words or args.cap_tokens else burst
+
+
 def burst_summary(args: argparse.Namespace, pool: list[rate_bench.PlannedRequest], count: int) -> rate_bench.RateSummary:
     """All `count` requests at once (rate = inf): the many-streams load, over several processes."""
     procs = args.client_procs or max(1, min(16, math.ceil(count / 120)))
@@ -155,11 +171,12 @@ def run_server(args: argparse.Namespace, spec: ServerSpec, pool: list[rate_bench
               f"({summary.output_tokens} of {summary.expected_tokens} expected tokens), "
                   f"{summary.client_procs} client process(es)", flush=True)  # fmt: skip
         if args.burst:
-            summary = burst_summary(load, pool, args.burst)
+            summary = burst_summary(load, burst_pool(args, pool), args.burst)
             summaries.append(summary)
             print(f"{spec.name} burst of {args.burst}: {summary.output_tokens_per_s:.0f} tok/s, {summary.client_procs} client processes", flush=True)
     rate_bench.print_table(spec.name, summaries)
-    return {"label": spec.name, "dialect": spec.dialect, "length_mix": rate_bench.describe_mix(), "rates": [asdict(s) for s in summaries]}
+    burst_mix = rate_bench.describe_mix(WAVE1_MIX) if args.burst_mix == "wave1" else "the rate pool's"
+    return {"label": spec.name, "dialect": spec.dialect, "length_mix": rate_bench.describe_mix(), "burst_mix": burst_mix, "rates": [asdict(s) for s in summaries]}
 
 
 def _ratio(value: float, base: float) -> float:
@@ -192,6 +209,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rates-for", action="append", default=[], metavar="SERVER=RATES",
                         help="other rates for one server, e.g. classic=1,2 (one request at a time saturates early)")
     parser.add_argument("--burst", type=int, default=960, help="also send this many requests at once (0: no burst)")
+    parser.add_argument("--burst-mix", choices=("wave1", "pool"), default="wave1",
+                        help="the burst's requests: the wave-1 workload (200 words, 256 tokens) or the rate pool's first ones")  # fmt: skip
     parser.add_argument("--duration", type=float, default=15.0, help="seconds of arrivals per rate")
     parser.add_argument("--drain", type=float, default=45.0, help="seconds after the last arrival before open streams are closed")
     parser.add_argument("--pool", type=int, default=rate_bench.POOL_SIZE)
@@ -219,6 +238,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.cap_words or args.cap_tokens:
         pool = [rate_bench.capped(r, args.cap_words, args.cap_tokens) for r in pool]
     print(f"weights {args.weights}; pool of {len(pool)}: {rate_bench.describe_mix()}", flush=True)
+    if args.burst:
+        print(f"burst of {args.burst}: {rate_bench.describe_mix(WAVE1_MIX) if args.burst_mix == 'wave1' else 'the pool'}", flush=True)
     # a SIGTERM (the session script's timeout) unwinds through RunningServer.__exit__, which stops the
     # server's process group: started with its own session, it would outlive the call otherwise
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
