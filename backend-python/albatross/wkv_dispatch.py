@@ -314,9 +314,9 @@ def split_parts(
             check_cuts(slot_cuts, length)
             if in_run(slot):  # the first piece, then the rest in one chunked part
                 first = slot_cuts[0]
-                spans.append(_Span((slot,), ((bounds[slot], bounds[slot] + first),), False, (captured,)))
+                spans.append(_Span((slot,), ((bounds[slot], bounds[slot] + first),), (first,), False, (captured,)))
                 marks = {(cut - first) // CHUNK - 1: captured + j for j, cut in enumerate(slot_cuts[1:], 1)}
-                spans.append(_Span((slot,), ((bounds[slot] + first, bounds[slot] + length),), True, (), marks))
+                spans.append(_Span((slot,), ((bounds[slot] + first, bounds[slot] + length),), (length - first,), True, (), marks))
             else:
                 staged.append((slot, [0, *slot_cuts, length], captured))
             captured += len(slot_cuts)
@@ -325,7 +325,7 @@ def split_parts(
         last = slot + 1
         while last < count and not (cuts is not None and cuts[last]) and in_run(last) == in_run(slot):
             last += 1
-        spans.append(_Span(tuple(range(slot, last)), tuple((bounds[s], bounds[s + 1]) for s in range(slot, last)), in_run(slot), ()))
+        spans.append(_Span(tuple(range(slot, last)), ((bounds[slot], bounds[last]),), batch.lengths[slot:last], in_run(slot), ()))
         slot = last
     for stage in range(max((len(pieces) - 1 for _, pieces, _ in staged), default=0)):
         members = [(s, pieces, first) for s, pieces, first in staged if len(pieces) - 1 > stage]
@@ -333,6 +333,7 @@ def split_parts(
             _Span(
                 tuple(s for s, _, _ in members),
                 tuple((bounds[s] + pieces[stage], bounds[s] + pieces[stage + 1]) for s, pieces, _ in members),
+                tuple(pieces[stage + 1] - pieces[stage] for _, pieces, _ in members),
                 False,
                 tuple(first + stage for _, pieces, first in members if stage < len(pieces) - 2),
                 capturing=tuple(s for s, pieces, _ in members if stage < len(pieces) - 2),
@@ -343,10 +344,12 @@ def split_parts(
 
 @dataclass(frozen=True, slots=True)
 class _Span:
-    """A part before its device tensors: its call slots, each one's rows, and what it captures."""
+    """A part before its device tensors: its call slots, their rows and lengths, and what it
+    captures."""
 
     slots: tuple[int, ...]
-    ranges: tuple[tuple[int, int], ...]  # per slot, its rows [start, stop) of the call
+    ranges: tuple[tuple[int, int], ...]  # the rows [start, stop) of the call it runs, in its slots' order
+    lengths: tuple[int, ...]  # per slot, its rows in the part
     chunked: bool
     captures: tuple[int, ...]  # capture indices after the part
     marks: dict[int, int] | None = None  # a chunked part's captures: chunk index -> capture index
@@ -368,7 +371,7 @@ def _device_parts(batch: ops.FlatBatch, spans: list[_Span], chunk_offsets: Calla
     large: list[int] = []  # int64: gathered rows, capture indices
     layout = []
     for span in spans:
-        lengths = tuple(stop - start for start, stop in span.ranges)
+        lengths = span.lengths
         rebased = [0]
         for n in lengths:
             rebased.append(rebased[-1] + n)
