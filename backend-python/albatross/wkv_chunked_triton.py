@@ -58,10 +58,11 @@ PREPARE_WARPS = 2
 # 5-7 s at 1 request/s: docs/performance.md, "Session 24"). These are read a scalar at a time, so
 # their specialization buys nothing: it is off, and the variants left are the constexpr ones that
 # DeviceStep.warm_long_prefill builds at load.
-_INDEX_ARGS = ["slot_idx_ptr", "cu_ptr", "chunk_offsets_ptr", "chunk_capture_ptr", "total"]
+_PREPARE_INDEX_ARGS = ["cu_ptr", "chunk_offsets_ptr", "total"]
+_SCAN_INDEX_ARGS = [*_PREPARE_INDEX_ARGS, "slot_idx_ptr", "chunk_capture_ptr"]
 
 
-@triton.jit(do_not_specialize=[name for name in _INDEX_ARGS if name not in ("slot_idx_ptr", "chunk_capture_ptr")])
+@triton.jit(do_not_specialize=_PREPARE_INDEX_ARGS)
 def _chunk_prepare_kernel(
     r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,
     stride_r, stride_w, stride_k, stride_v, stride_a, stride_b,
@@ -133,7 +134,7 @@ def _chunk_prepare_kernel(
         tl.store(span_ptr + key, tl.max(-c_last, axis=0))
 
 
-@triton.jit(do_not_specialize=_INDEX_ARGS)
+@triton.jit(do_not_specialize=_SCAN_INDEX_ARGS)
 def _chunk_scan_kernel(
     state_ptr, slot_idx_ptr, cu_ptr, chunk_offsets_ptr, factors_ptr, decay_ptr, span_ptr, y_ptr,
     r_ptr, w_ptr, k_ptr, v_ptr, a_ptr, b_ptr,

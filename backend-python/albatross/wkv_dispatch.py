@@ -314,7 +314,7 @@ def split_parts(
             check_cuts(slot_cuts, length)
             if in_run(slot):  # the first piece, then the rest in one chunked part
                 first = slot_cuts[0]
-                spans.append(_Span((slot,), ((bounds[slot], bounds[slot] + first),), (first,), False, (captured,)))
+                spans.append(_Span((slot,), ((bounds[slot], bounds[slot] + first),), (first,), False, (captured,), capturing=(slot,)))
                 marks = {(cut - first) // CHUNK - 1: captured + j for j, cut in enumerate(slot_cuts[1:], 1)}
                 spans.append(_Span((slot,), ((bounds[slot] + first, bounds[slot] + length),), (length - first,), True, (), marks))
             else:
@@ -353,7 +353,7 @@ class _Span:
     chunked: bool
     captures: tuple[int, ...]  # capture indices after the part
     marks: dict[int, int] | None = None  # a chunked part's captures: chunk index -> capture index
-    capturing: tuple[int, ...] | None = None  # the slots those captures copy; None: the part's one slot
+    capturing: tuple[int, ...] = ()  # the slots those captures copy, one per capture
 
     def merged(self) -> tuple[tuple[int, int], ...]:
         out = [self.ranges[0]]
@@ -378,8 +378,7 @@ def _device_parts(batch: ops.FlatBatch, spans: list[_Span], chunk_offsets: Calla
         offsets = chunk_offsets(lengths) if span.chunked and chunk_offsets is not None else []
         chunk_marks = [span.marks.get(c, -1) for c in range(-(-lengths[0] // CHUNK))] if span.marks is not None else []
         consecutive = all(span.slots[i] + 1 == span.slots[i + 1] for i in range(len(span.slots) - 1))
-        capturing = span.slots if span.capturing is None else span.capturing
-        positions = ([] if consecutive else list(span.slots)) + (list(capturing) if span.captures else [])
+        positions = ([] if consecutive else list(span.slots)) + list(span.capturing)
         merged = span.merged()
         gather = [row for start, stop in span.ranges for row in range(start, stop)] if len(merged) > 1 else []
         layout.append((len(small), rebased, offsets, chunk_marks, consecutive, len(large), gather, lengths, merged))
@@ -399,10 +398,7 @@ def _device_parts(batch: ops.FlatBatch, spans: list[_Span], chunk_offsets: Calla
         else:
             slot_idx = batch.slot_idx.index_select(0, ints[at_positions : at_positions + len(span.slots)])
             at_capturing = at_positions + len(span.slots)
-        capture_from = None
-        if span.captures:
-            capturing = span.slots if span.capturing is None else span.capturing
-            capture_from = batch.slot_idx.index_select(0, ints[at_capturing : at_capturing + len(capturing)])
+        capture_from = batch.slot_idx.index_select(0, ints[at_capturing : at_capturing + len(span.capturing)]) if span.capturing else None
         at_captures = at_long + len(gather)
         shape = launch(len(lengths), min(lengths)) if launch is not None and not span.chunked else (1, False, False)
         parts.append(

@@ -150,6 +150,10 @@ def burst_pool(args: argparse.Namespace, pool: list[rate_bench.PlannedRequest]) 
     return [rate_bench.capped(r, args.cap_words, args.cap_tokens) for r in burst] if args.cap_words or args.cap_tokens else burst
 
 
+def describe_burst(args: argparse.Namespace) -> str:
+    return rate_bench.describe_mix(WAVE1_MIX) if args.burst_mix == "wave1" else "the rate pool's first requests"
+
+
 def burst_summary(args: argparse.Namespace, pool: list[rate_bench.PlannedRequest], count: int) -> rate_bench.RateSummary:
     """All `count` requests at once (rate = inf): the many-streams load, over several processes."""
     procs = args.client_procs or max(1, min(16, math.ceil(count / 120)))
@@ -175,8 +179,7 @@ def run_server(args: argparse.Namespace, spec: ServerSpec, pool: list[rate_bench
             summaries.append(summary)
             print(f"{spec.name} burst of {args.burst}: {summary.output_tokens_per_s:.0f} tok/s, {summary.client_procs} client processes", flush=True)
     rate_bench.print_table(spec.name, summaries)
-    burst_mix = rate_bench.describe_mix(WAVE1_MIX) if args.burst_mix == "wave1" else "the rate pool's"
-    return {"label": spec.name, "dialect": spec.dialect, "length_mix": rate_bench.describe_mix(), "burst_mix": burst_mix, "rates": [asdict(s) for s in summaries]}
+    return {"label": spec.name, "dialect": spec.dialect, "length_mix": rate_bench.describe_mix(), "burst_mix": describe_burst(args), "rates": [asdict(s) for s in summaries]}
 
 
 def _ratio(value: float, base: float) -> float:
@@ -239,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
         pool = [rate_bench.capped(r, args.cap_words, args.cap_tokens) for r in pool]
     print(f"weights {args.weights}; pool of {len(pool)}: {rate_bench.describe_mix()}", flush=True)
     if args.burst:
-        print(f"burst of {args.burst}: {rate_bench.describe_mix(WAVE1_MIX) if args.burst_mix == 'wave1' else 'the pool'}", flush=True)
+        print(f"burst of {args.burst}: {describe_burst(args)}", flush=True)
     # a SIGTERM (the session script's timeout) unwinds through RunningServer.__exit__, which stops the
     # server's process group: started with its own session, it would outlive the call otherwise
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
