@@ -75,6 +75,16 @@ def config_for(rows: int) -> TileConfig:
     return first_fit(CONFIGS, rows)
 
 
+# The row count M is any number a step brings (a prefill chunk's rows), and Triton compiles a kernel
+# again for each new specialization of an integer argument: M == 1, M divisible by 16, or neither.
+# Each compile of these wgmma kernels held an int8 server's worker for seconds at a new step size
+# (the chunked WKV kernels' stalls, docs/performance.md "Session 24"). M only bounds row masks and
+# tile counts, never an address's alignment: unspecialized, the sm90 builds differ only by a few
+# integer instructions outside the loads (tests/test_int8_sm90_compile.py checks every load and
+# copy is the same), so it is left unspecialized.
+_ROWS_ARGS = ["M"]
+
+
 @triton.jit
 def _grouped_tile(pid, blocks_grouped, blocks_other, GROUP: tl.constexpr):
     """Program `pid`'s (grouped, other) tile indices: GROUP neighbouring tiles of the grouped
@@ -86,7 +96,7 @@ def _grouped_tile(pid, blocks_grouped, blocks_other, GROUP: tl.constexpr):
     return first + (pid % in_group) % group_size, (pid % in_group) // group_size
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_ROWS_ARGS)
 def _w8a16_kernel(
     x_ptr, q_ptr, scale_ptr, y_ptr,
     M, N, K,
@@ -225,7 +235,7 @@ def swap_config_for(rows: int) -> SwapConfig:
     return first_fit(SWAP_DEFAULTS, rows)
 
 
-@triton.jit
+@triton.jit(do_not_specialize=_ROWS_ARGS)
 def _w8a16_swap_kernel(
     x_ptr, q_ptr, scale_ptr, y_ptr,
     M, N, K,

@@ -30,9 +30,46 @@ def _signature(dtype: str) -> dict[str, str]:
 def test_the_weights_feed_wgmma_from_registers(config: int8_triton.SwapConfig, dtype: str) -> None:
     constexprs = {"BLOCK_N": config.block_n, "BLOCK_M": config.block_m, "BLOCK_K": config.block_k, "GROUP_N": config.group_n,
                   "MAGIC_FP16": dtype == "fp16", "EVEN_K": True, "CONVERT_FIRST": config.convert_first}  # fmt: skip
-    build = compile_sm90(int8_triton._w8a16_swap_kernel, _signature(dtype), constexprs, config.num_warps, config.num_stages)
+    build = compile_sm90(
+        int8_triton._w8a16_swap_kernel, _signature(dtype), constexprs, config.num_warps, config.num_stages, unspecialized=int8_triton._ROWS_ARGS
+    )
     assert build.wgmma > 0 and build.left_in_registers, build
     assert build.most_in_flight >= 1, f"every product waited for: {build}"
     assert build.async_copies > 0, f"loads not pipelined: {build}"
     assert build.spill_bytes == 0 and 0 < build.registers <= 255, build
     assert build.shared_bytes <= SM90_SHARED_BYTES, build
+
+
+def _tile_signature(dtype: str) -> dict[str, str]:
+    pointers = {"x_ptr": f"*{dtype}", "q_ptr": "*i8", "scale_ptr": "*fp32", "y_ptr": f"*{dtype}"}
+    integers = dict.fromkeys(("M", "N", "K", "stride_xb", "stride_xm", "stride_qb", "stride_sb", "stride_yb", "stride_ym"), "i32")
+    return {**pointers, **integers, **dict.fromkeys(("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "MAGIC_FP16"), "constexpr")}
+
+
+_ROW_BUILDS = [
+    *[("swap", config) for _, config in int8_triton.SWAP_DEFAULTS],
+    *[("tile", config) for _, config in int8_triton.CONFIGS],
+]
+
+
+@pytest.mark.parametrize(("kernel", "config"), _ROW_BUILDS, ids=[f"{k}-{c.block_m}x{c.block_n}x{c.block_k}" for k, c in _ROW_BUILDS])
+def test_the_row_count_unspecialized_keeps_every_load_and_store(kernel: str, config: int8_triton.TileConfig | int8_triton.SwapConfig) -> None:
+    """Both kernels take the row count M unspecialized (`_ROWS_ARGS`: a step's rows are any
+    number, and each new specialization was a compile of seconds on the worker's thread). What
+    that may cost is in the build: the loads, stores, async copies and products must be the ones
+    of the build for a multiple of 16 rows, the same instructions at the same widths."""
+    if kernel == "swap":
+        assert isinstance(config, int8_triton.SwapConfig)
+        fn, signature = int8_triton._w8a16_swap_kernel, _signature("fp16")
+        constexprs: dict[str, object] = {"BLOCK_N": config.block_n, "BLOCK_M": config.block_m, "BLOCK_K": config.block_k,
+                                         "GROUP_N": config.group_n, "MAGIC_FP16": True, "EVEN_K": True, "CONVERT_FIRST": config.convert_first}  # fmt: skip
+    else:
+        assert isinstance(config, int8_triton.TileConfig)
+        fn, signature = int8_triton._w8a16_kernel, _tile_signature("fp16")
+        constexprs = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k, "GROUP_M": config.group_m, "MAGIC_FP16": True}
+    assert int8_triton._ROWS_ARGS == ["M"]
+    aligned = compile_sm90(fn, signature, constexprs, config.num_warps, config.num_stages)
+    any_rows = compile_sm90(fn, signature, constexprs, config.num_warps, config.num_stages, unspecialized=int8_triton._ROWS_ARGS)
+    assert any_rows.memory_ops == aligned.memory_ops
+    assert sum(any_rows.memory_ops.values()) > 0 and any(op.startswith("ld.global") or op.startswith("cp.async") for op in any_rows.memory_ops)
+    assert any_rows.spill_bytes == aligned.spill_bytes == 0 and any_rows.shared_bytes == aligned.shared_bytes

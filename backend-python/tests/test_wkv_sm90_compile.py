@@ -47,7 +47,10 @@ PREPARE_SPILLS = {("tf32x3", False): 32, ("ieee", False): 512, ("tf32x3", True):
 def test_the_prepare_kernel_builds_within_its_spill_bound(precision: str, squaring: bool) -> None:
     constexprs = {"H": 64, "N": chunked.HEAD, "L": chunked.CHUNK, "F": chunked.FACTORS, "PRECISION": precision,
                   "SQUARING": squaring, "LOG2_L": chunked.CHUNK.bit_length() - 1}  # fmt: skip
-    build = compile_sm90(chunked._chunk_prepare_kernel, _prepare_signature(), constexprs, num_warps=chunked.PREPARE_WARPS, num_stages=1)
+    build = compile_sm90(
+        chunked._chunk_prepare_kernel, _prepare_signature(), constexprs, num_warps=chunked.PREPARE_WARPS, num_stages=1,
+        unspecialized=chunked._PREPARE_INDEX_ARGS,
+    )  # fmt: skip
     assert build.spill_bytes <= PREPARE_SPILLS[precision, squaring] and 0 < build.registers <= 255, build
     assert build.shared_bytes <= SM90_SHARED_BYTES, build
 
@@ -65,7 +68,9 @@ SCAN_BUILDS = [
 def test_the_scan_kernel_builds_without_spills(capture: bool, key_major: bool, num_warps: int, state: str, precision: str) -> None:
     constexprs = {"H": 64, "N": chunked.HEAD, "L": chunked.CHUNK, "BV": 32, "F": chunked.FACTORS, "PRECISION": precision, "KEY_MAJOR": key_major,
                   "CAPTURE": capture}  # fmt: skip
-    build = compile_sm90(chunked._chunk_scan_kernel, _scan_signature(state), constexprs, num_warps=num_warps, num_stages=1)
+    build = compile_sm90(
+        chunked._chunk_scan_kernel, _scan_signature(state), constexprs, num_warps=num_warps, num_stages=1, unspecialized=chunked._SCAN_INDEX_ARGS
+    )
     assert build.spill_bytes <= IEEE_SCAN_SPILLS if precision == "ieee" else build.spill_bytes == 0, build
     assert 0 < build.registers <= 255, build
     assert build.shared_bytes <= SM90_SHARED_BYTES, build

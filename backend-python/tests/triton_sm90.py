@@ -1,13 +1,16 @@
 """Compile a Triton kernel for sm90 (H100/H200) without a GPU, as the runtime would for arguments
-whose integers are all multiples of 16, and report what the compiler made of it: whether `tl.dot`
-became wgmma, with its left operand in registers and asynchronous products in flight, whether the
-loads were pipelined, the shared memory and, from the wheel's own ptxas, registers and spills."""
+whose integers are all multiples of 16 (but those named unspecialized), and report what the
+compiler made of it: whether `tl.dot` became wgmma, with its left operand in registers and
+asynchronous products in flight, whether the loads were pipelined, which loads, stores and copies
+the PTX has, the shared memory and, from the wheel's own ptxas, registers and spills."""
 
 from __future__ import annotations
 
 import re
 import subprocess
 import tempfile
+from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -28,11 +31,28 @@ class Sm90Build:
     shared_bytes: int
     registers: int
     spill_bytes: int
+    memory_ops: Counter[str]  # the PTX's loads, stores, copies and tensor-core instructions, with their widths, by count
 
 
-def compile_sm90(fn: object, signature: dict[str, str], constexprs: dict[str, object], num_warps: int, num_stages: int) -> Sm90Build:
+# A PTX instruction that moves data or feeds the tensor cores: its opcode with every qualifier
+# (`ld.global.v4.b32`, `cp.async.cg.shared.global`, `wgmma.mma_async.sync.aligned...`).
+_MEMORY_OP = re.compile(r"^\s*(?:@!?%p\d+\s+)?((?:ld|st|cp|ldmatrix|stmatrix|wgmma)\.[\w.:]+)", re.MULTILINE)
+
+
+def compile_sm90(
+    fn: object,
+    signature: dict[str, str],
+    constexprs: dict[str, object],
+    num_warps: int,
+    num_stages: int,
+    unspecialized: Collection[str] = (),
+) -> Sm90Build:
+    """`unspecialized`: arguments built without the divisibility by 16 (a kernel's
+    `do_not_specialize`, or a runtime value that is not a multiple of 16)."""
     names = list(signature)
-    attrs = {(names.index(n),): [["tt.divisibility", 16]] for n, kind in signature.items() if kind != "constexpr"}
+    attrs = {
+        (names.index(n),): [["tt.divisibility", 16]] for n, kind in signature.items() if kind != "constexpr" and n not in unspecialized
+    }
     source = ASTSource(fn, signature, constexprs, attrs)
     kernel = triton.compile(source, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages})
     ttgir, ptx = kernel.asm["ttgir"], kernel.asm["ptx"]
@@ -51,4 +71,5 @@ def compile_sm90(fn: object, signature: dict[str, str], constexprs: dict[str, ob
         shared_bytes=int(kernel.metadata.shared),
         registers=int(registers.group(1)) if registers else -1,
         spill_bytes=int(spills.group(1)) if spills else -1,
+        memory_ops=Counter(_MEMORY_OP.findall(ptx)),
     )
