@@ -81,12 +81,16 @@ def random_state_dict(
     dtype: torch.dtype = torch.float32,
     device: str | torch.device = "cpu",
     impossible_ids: Sequence[int] = (),
+    layer0_value_weights: bool = False,
 ) -> dict[str, torch.Tensor]:
     """A full RWKV-7 state dict with random weights (generated in fp32, stored in `dtype`).
 
     Generating on a GPU (`device="cuda"`) takes seconds even for the 7.2B shape, so benchmarks
     build their models in memory instead of writing and reading 15 GB files. `impossible_ids`:
-    token ids that no server can sample from these weights (`make_ids_impossible`)."""
+    token ids that no server can sample from these weights (`make_ids_impossible`).
+    `layer0_value_weights`: also block 0's value-residual weights (`att.v0/v1/v2`). Trained
+    checkpoints carry them and every implementation ignores them (block 0 makes v_first), but
+    RWKV-Runner's Albatross sizes its weight groups from them at load and fails without them."""
     device = torch.device(device)
     gen = torch.Generator(device=device).manual_seed(seed)
     C, V = shape.n_embd, shape.vocab_size
@@ -146,6 +150,10 @@ def random_state_dict(
     # A head that is large relative to the unit-variance final layer norm makes the next-token
     # distribution peaked, as in a trained model.
     sd["head.weight"] = randn(V, C, std=4.0 * inv)
+    if layer0_value_weights:  # drawn last, so every other weight is the same with or without them
+        sd["blocks.0.att.v0"] = randn(1, 1, C, std=0.5)
+        sd["blocks.0.att.v1"] = randn(C, shape.value_rank, std=inv)
+        sd["blocks.0.att.v2"] = randn(shape.value_rank, C, std=0.5 / math.sqrt(shape.value_rank))
     if impossible_ids:
         make_ids_impossible(sd, impossible_ids)
     # Convert as we go would be leaner, but the dict is built first so that the random stream
@@ -186,6 +194,7 @@ def parse_ids(text: str) -> tuple[int, ...]:
 def write_random_checkpoint(
     path: str | Path, shape: CheckpointShape, seed: int = 0, dtype: str = "fp32", impossible_ids: Sequence[int] = (),
     device: str | torch.device = "cpu",
+    layer0_value_weights: bool = False,
 ) -> Path:
     """Write a checkpoint to `path` (`.pth` is appended when missing) and return the final path.
     `device="cuda"` generates the weights on a GPU (the 7.2B shape in seconds)."""
@@ -196,7 +205,9 @@ def write_random_checkpoint(
         path = path.with_name(path.name + ".pth")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".partial")
-    weights = random_state_dict(shape, seed=seed, dtype=DTYPES[dtype], device=device, impossible_ids=impossible_ids)
+    weights = random_state_dict(
+        shape, seed=seed, dtype=DTYPES[dtype], device=device, impossible_ids=impossible_ids, layer0_value_weights=layer0_value_weights
+    )
     torch.save({key: value.cpu() for key, value in weights.items()}, tmp)
     tmp.replace(path)  # a crash never leaves a truncated checkpoint under the final name
     return path
@@ -213,11 +224,16 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--impossible-ids", default="", help="ids no server can sample, e.g. 65530-65535 "
                         "(the tokenizer's undefined ids) or 0,65530-65535 (also EOS: every stream runs to max_tokens)")
     parser.add_argument("--device", default="cpu", help="generate on this device (cuda: seconds for 7.2B)")
+    parser.add_argument("--layer0-value-weights", action="store_true",
+                        help="also write block 0's att.v0/v1/v2 (ignored by every model; RWKV-Runner's Albatross needs them to load)")  # fmt: skip
     args = parser.parse_args(argv)
     base = NAMED_SHAPES[args.shape or "tiny"]
     shape = CheckpointShape(n_layer=args.layers or base.n_layer, n_embd=args.width or base.n_embd)
     impossible = parse_ids(args.impossible_ids)
-    path = write_random_checkpoint(args.output, shape, seed=args.seed, dtype=args.dtype, impossible_ids=impossible, device=args.device)
+    path = write_random_checkpoint(
+        args.output, shape, seed=args.seed, dtype=args.dtype, impossible_ids=impossible, device=args.device,
+        layer0_value_weights=args.layer0_value_weights,
+    )  # fmt: skip
     note = f", {len(impossible)} impossible ids" if impossible else ""
     print(f"wrote {path} (layers={shape.n_layer}, width={shape.n_embd}, dtype={args.dtype}{note})")
 

@@ -9,12 +9,13 @@ committed; each with its own Python dependencies installed):
     git clone https://github.com/josStorer/RWKV-Runner .peers/RWKV-Runner
     git clone https://github.com/RWKV-Vibe/rwkv_lightning .peers/rwkv_lightning
     python -m albatross.random_checkpoint --shape 7.2b --dtype fp16 --device cuda \
-        --impossible-ids 0,65530-65535 --output /tmp/w/rwkv7-7.2b-safe.pth
+        --impossible-ids 0,65530-65535 --layer0-value-weights --output /tmp/w/rwkv7-7.2b-safe.pth
     python bench/side_by_side.py --weights /tmp/w/rwkv7-7.2b-safe.pth --servers albatross,runner,lightning --out out/
 
 Random weights make a server sample ids the tokenizer does not define (65530-65535) and EOS (0);
 the weights file has those ids impossible (random_checkpoint --impossible-ids), so no server dies
-of an undefined id and every stream runs to its max_tokens. Each server gets the loads of
+of an undefined id and every stream runs to its max_tokens. `--layer0-value-weights` writes block
+0's value weights, as trained checkpoints carry them: RWKV-Runner's Albatross fails to load without. Each server gets the loads of
 request_rate_benchmark.py (Poisson rates over the same 1,200-request pool) and a burst (all
 `--burst` requests at once, the 960-stream load of the wave-1 workload unless `--burst-mix
 pool`); the JSON holds every server's summaries and

@@ -16,10 +16,12 @@ set -uo pipefail
 . "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv | tee -a "$OUT/log.txt"
 SHAPE=${SHAPE:-7.2b}
-WEIGHTS=${WEIGHTS:-/tmp/weights/rwkv7-$SHAPE-safe.pth}
+# Block 0's value weights too: RWKV-Runner's Albatross does not load a checkpoint without them
+# (session 25 lost its run to that); every server ignores their values.
+WEIGHTS=${WEIGHTS:-/tmp/weights/rwkv7-$SHAPE-side-by-side.pth}
 if [ ! -f "$WEIGHTS" ]; then
   time python3 -m albatross.random_checkpoint --shape "$SHAPE" --dtype fp16 --device cuda \
-      --impossible-ids 0,65530-65535 --output "$WEIGHTS" 2>&1 | tee -a "$OUT/log.txt"
+      --impossible-ids 0,65530-65535 --layer0-value-weights --output "$WEIGHTS" 2>&1 | tee -a "$OUT/log.txt"
 fi
 rates_for=""
 for item in ${RATES_FOR:-}; do rates_for="$rates_for --rates-for $item"; done

@@ -76,3 +76,23 @@ def test_only_the_final_norm_channel_and_the_head_change() -> None:
 def test_ids_outside_the_vocabulary_are_refused() -> None:
     with pytest.raises(ValueError, match="impossible ids"):
         random_state_dict(SHAPE, impossible_ids=[65536])
+
+
+def test_block_zero_value_weights_are_added_and_ignored_by_both_models(tmp_path: Path) -> None:
+    """`layer0_value_weights` (for RWKV-Runner's Albatross, which reads them at load) adds block 0's
+    att.v0/v1/v2 and changes no other weight; our model and the official package ignore them."""
+    plain = random_state_dict(SHAPE, seed=4, impossible_ids=IDS)
+    full = random_state_dict(SHAPE, seed=4, impossible_ids=IDS, layer0_value_weights=True)
+    added = sorted(set(full) - set(plain))
+    assert added == ["blocks.0.att.v0", "blocks.0.att.v1", "blocks.0.att.v2"]
+    assert all(torch.equal(plain[key], full[key]) for key in plain)
+    assert all(full[key].abs().sum() > 0 for key in added)  # random, not zeros: ignoring them is what is tested
+    with_them = write_random_checkpoint(tmp_path / "full.pth", SHAPE, seed=4, impossible_ids=IDS, layer0_value_weights=True)
+    without = write_random_checkpoint(tmp_path / "plain.pth", SHAPE, seed=4, impossible_ids=IDS)
+    prompt = _prompts(1, 24)
+    ours = [RWKV7.load(path, progress=False) for path in (with_them, without)]
+    logits = [model.forward(model.new_pool(1), [0], prompt) for model in ours]
+    assert torch.equal(logits[0], logits[1])
+    official = [ReferenceRWKV(model=str(path.with_suffix("")), strategy="cpu fp32").forward(prompt[0], None)[0] for path in (with_them, without)]
+    assert torch.equal(official[0], official[1])
+    assert torch.allclose(logits[0][0].float(), official[0].float(), atol=2e-3, rtol=1e-3)
