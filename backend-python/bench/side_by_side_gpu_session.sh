@@ -6,9 +6,12 @@
 #   SERVERS=albatross,runner,lightning OUT=/tmp/out bash backend-python/bench/side_by_side_gpu_session.sh
 #       (the peers: .peers/RWKV-Runner (its backend-python/ is enough) and .peers/rwkv_lightning,
 #       and .peers/wheels/ from `PEERS=1 bash backend-python/bench/fetch_gpu_wheels.sh`; carry
-#       [".whl", ".peers"], ~22 MB in all. Three servers with the default knobs, the peers' kernel
-#       builds included, may not fit one 600 s call: RATES=16,64 DURATION=10 DRAIN=30 TIMEOUT=500,
-#       or two calls, albatross,runner then albatross,lightning)
+#       [".whl", ".peers"]: with the ~30 MB tree they must stay under the device's 64 MiB, so leave
+#       out what the CUDA paths do not use: RWKV-Runner's get-pip.py, rwkv_pip/webgpu and
+#       rwkv_pip/cpp, and the py-spy wheel (~24 MB carried in session 25). Three servers, the
+#       peers' kernel builds included, do not fit one 600 s call (session 25's RATES=16,64
+#       DURATION=10 DRAIN=30 TIMEOUT=540 stopped during lightning's first rate): one peer a call,
+#       albatross,runner then albatross,lightning, with RATES=16 DURATION=8 DRAIN=20)
 # From the repository root, with the wheels of fastapi & co. carried in .whl/ (the GPU image has
 # no fastapi). Knobs: SHAPE (7.2b), RATES (4,16,64), BURST (960), DURATION (15), DRAIN (45),
 # WEIGHTS (an existing file instead of writing one), ARGS (more side_by_side.py flags).
