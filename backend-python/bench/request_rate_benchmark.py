@@ -262,6 +262,26 @@ def run_rate(
     return summarize(rate, outcomes, count, procs), outcomes
 
 
+def request_records(outcomes: list[Outcome], pool: list[PlannedRequest]) -> list[dict[str, object]]:
+    """One record a request, in arrival order: what a percentile is made of (which request, how
+    long its prompt, when it came, what it waited for). `pool` is the list the load drew from."""
+    words = {r.index: r.prompt_words for r in pool}
+    return [
+        {"index": o.index, "kind": o.kind, "prompt_words": words.get(o.index, 0), "max_tokens": o.max_tokens,
+         "arrival_s": round(o.arrival_s, 3), "send_lag_ms": round(o.send_lag_s * 1e3, 1), "status": o.status, "ok": o.ok,
+         "finished": o.finished, "error": o.error, "ttft_ms": round(o.ttft_s * 1e3, 1), "e2e_ms": round(o.e2e_s * 1e3, 1),
+         "tokens": o.completion_tokens, "longest_gap_ms": round(max(o.gaps_s, default=0.0) * 1e3, 1)}
+        for o in sorted(outcomes, key=lambda o: (o.arrival_s, o.index))
+    ]  # fmt: skip
+
+
+def slowest_first_tokens(records: list[dict[str, object]], count: int = 3) -> str:
+    """The `count` longest waits for a first token among the finished requests, for a log line."""
+    done = [r for r in records if r["ok"] and r["finished"]]
+    slow = sorted(done, key=lambda r: -float(r["ttft_ms"]))[:count]  # type: ignore[arg-type]
+    return ", ".join(f"#{r['index']} {r['kind']} {r['prompt_words']} words at {r['arrival_s']} s: {r['ttft_ms']:.0f} ms" for r in slow)
+
+
 def capped(request: PlannedRequest, words: int, tokens: int) -> PlannedRequest:
     """The request with at most `words` prompt words and `tokens` max_tokens (0: no cap)."""
     return replace(request, prompt_words=min(request.prompt_words, words or request.prompt_words),
@@ -309,20 +329,21 @@ def main(argv: list[str] | None = None) -> None:
         pool = [capped(r, args.cap_words, args.cap_tokens) for r in pool]
         print(f"capped: prompts <= {args.cap_words or '-'} words, max_tokens <= {args.cap_tokens or '-'}")
     print(f"{args.label} at {args.url} ({args.dialect}); pool of {len(pool)}: {describe_mix()}", flush=True)
-    summaries = []
+    summaries, records = [], []
     for rate in (float(r) for r in args.rates.split(",") if r):
-        summary, _ = run_rate(args, pool, rate)
+        summary, outcomes = run_rate(args, pool, rate)
         summaries.append(summary)
+        records.append(request_records(outcomes, pool))
         print(f"rate {rate:g}/s: {summary.completed}/{summary.requests} done, {summary.output_tokens_per_s:.0f} tok/s "
               f"({summary.output_tokens} of {summary.expected_tokens} expected tokens), "
-              f"{summary.client_procs} client process(es)", flush=True)  # fmt: skip
+              f"{summary.client_procs} client process(es); slowest first tokens: {slowest_first_tokens(records[-1])}", flush=True)  # fmt: skip
     print_table(args.label, summaries)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({
             "label": args.label, "url": args.url, "dialect": args.dialect, "length_mix": describe_mix(),
             "pool": len(pool), "duration_s": args.duration, "drain_s": args.drain, "date": time.strftime("%Y-%m-%d"),
-            "rates": [asdict(s) for s in summaries],
+            "rates": [asdict(s) for s in summaries], "requests": records,
         }, indent=2))  # fmt: skip
         print(f"wrote {args.json}")
 

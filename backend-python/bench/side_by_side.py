@@ -155,32 +155,39 @@ def describe_burst(args: argparse.Namespace) -> str:
     return rate_bench.describe_mix(WAVE1_MIX) if args.burst_mix == "wave1" else "the rate pool's first requests"
 
 
-def burst_summary(args: argparse.Namespace, pool: list[rate_bench.PlannedRequest], count: int) -> rate_bench.RateSummary:
+def burst_summary(
+    args: argparse.Namespace, pool: list[rate_bench.PlannedRequest], count: int
+) -> tuple[rate_bench.RateSummary, list[rate_bench.Outcome]]:
     """All `count` requests at once (rate = inf): the many-streams load, over several processes."""
     procs = args.client_procs or max(1, min(16, math.ceil(count / 120)))
     load = argparse.Namespace(**{**vars(args), "client_procs": procs})
-    summary, _ = rate_bench.run_rate(load, pool, math.inf, count=count)
-    return summary
+    return rate_bench.run_rate(load, pool, math.inf, count=count)
 
 
 def run_server(args: argparse.Namespace, spec: ServerSpec, pool: list[rate_bench.PlannedRequest]) -> dict:
     rates = [float(r) for r in (args.rates_for.get(spec.name) or args.rates).split(",") if r]
-    summaries = []
+    summaries, records = [], []
     with RunningServer(spec, args) as server:
         load = argparse.Namespace(**{**vars(args), "url": server.url, "dialect": spec.dialect, "password": None,
                                      "temperature": 1.0, "timeout": 600.0, "seed": args.seed})  # fmt: skip
         for rate in rates:
-            summary, _ = rate_bench.run_rate(load, pool, rate)
+            summary, outcomes = rate_bench.run_rate(load, pool, rate)
             summaries.append(summary)
+            records.append(rate_bench.request_records(outcomes, pool))
             print(f"{spec.name} rate {rate:g}/s: {summary.completed}/{summary.requests} done, {summary.output_tokens_per_s:.0f} tok/s "
-              f"({summary.output_tokens} of {summary.expected_tokens} expected tokens), "
-                  f"{summary.client_procs} client process(es)", flush=True)  # fmt: skip
+                  f"({summary.output_tokens} of {summary.expected_tokens} expected tokens), "
+                  f"{summary.client_procs} client process(es); slowest first tokens: {rate_bench.slowest_first_tokens(records[-1])}",
+                  flush=True)  # fmt: skip
         if args.burst:
-            summary = burst_summary(load, burst_pool(args, pool), args.burst)
+            burst = burst_pool(args, pool)
+            summary, outcomes = burst_summary(load, burst, args.burst)
             summaries.append(summary)
+            records.append(rate_bench.request_records(outcomes, burst))
             print(f"{spec.name} burst of {args.burst}: {summary.output_tokens_per_s:.0f} tok/s, {summary.client_procs} client processes", flush=True)
     rate_bench.print_table(spec.name, summaries)
-    return {"label": spec.name, "dialect": spec.dialect, "length_mix": rate_bench.describe_mix(), "burst_mix": describe_burst(args), "rates": [asdict(s) for s in summaries]}
+    # "requests": one list a load, in the order of "rates" (request_rate_benchmark.request_records)
+    return {"label": spec.name, "dialect": spec.dialect, "length_mix": rate_bench.describe_mix(), "burst_mix": describe_burst(args),
+            "rates": [asdict(s) for s in summaries], "requests": records}  # fmt: skip
 
 
 def _ratio(value: float, base: float) -> float:

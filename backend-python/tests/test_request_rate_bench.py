@@ -83,3 +83,23 @@ def test_plots_are_written_from_the_json(tmp_path: Path) -> None:
     plot_request_rate.main([str(tmp_path / "a.json"), str(tmp_path / "b.json"), "--output", str(tmp_path / "img")])
     for name in ("request_rate_latency.png", "request_rate_throughput.png"):
         assert (tmp_path / "img" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_request_records_keep_every_request_in_arrival_order_and_name_the_slowest() -> None:
+    pool = rate_bench.request_pool(6)
+    Outcome = rate_bench.Outcome
+    outcomes = [
+        Outcome(pool[2].index, pool[2].kind, 0.5, 0.001, 200, True, "", True, 1.25, 3.0, 64, 64, [0.01, 0.2]),
+        Outcome(pool[0].index, pool[0].kind, 0.0, 0.0, 200, True, "", True, 0.05, 2.0, 64, 64, [0.01]),
+        Outcome(pool[1].index, pool[1].kind, 0.25, 0.0, 429, False, "queue full", True),
+        Outcome(pool[3].index, pool[3].kind, 0.75, 0.0, 200, True, "", False, 0.3, 0.0, 5, 64, []),
+    ]
+    records = rate_bench.request_records(outcomes, pool)
+    assert [r["index"] for r in records] == [pool[0].index, pool[1].index, pool[2].index, pool[3].index]
+    slow = records[2]
+    assert slow["prompt_words"] == pool[2].prompt_words and slow["ttft_ms"] == 1250.0 and slow["longest_gap_ms"] == 200.0
+    assert records[1]["status"] == 429 and records[1]["error"] == "queue full"
+    json.dumps(records)  # the JSON holds them as they are
+    # the refused request and the one still streaming are not among the slowest finished ones
+    line = rate_bench.slowest_first_tokens(records, count=3)
+    assert line.startswith(f"#{pool[2].index} ") and "1250 ms" in line and f"#{pool[1].index} " not in line and f"#{pool[3].index} " not in line
