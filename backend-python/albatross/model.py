@@ -498,9 +498,8 @@ def _reordered(
     for s, n in zip(order, lengths):
         at += n
         last[s] = at - 1
-    moved_last = ops.host_to_device(torch.tensor(last, dtype=torch.int64), device)
-    index = ops.host_to_device(torch.tensor(rows, dtype=torch.int64), device)
-    return dataclasses.replace(moved, last_rows=moved_last), token_ids.index_select(0, index)
+    longs = ops.host_to_device(torch.tensor(last + rows, dtype=torch.int64), device)  # one copy for both
+    return dataclasses.replace(moved, last_rows=longs[: len(last)]), token_ids.index_select(0, longs[len(last) :])
 
 
 def _transposed_to(matrix: torch.Tensor, device: torch.device, dtype: torch.dtype, out: torch.Tensor | None = None) -> torch.Tensor:
