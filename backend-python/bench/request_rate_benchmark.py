@@ -282,6 +282,13 @@ def slowest_first_tokens(records: list[dict[str, object]], count: int = 3) -> st
     return ", ".join(f"#{r['index']} {r['kind']} {r['prompt_words']} words at {r['arrival_s']} s: {r['ttft_ms']:.0f} ms" for r in slow)
 
 
+def load_line(summary: RateSummary, records: list[dict[str, object]]) -> str:
+    """A load's one progress line: completions, throughput, client processes, slowest first tokens."""
+    return (f"rate {summary.rate:g}/s: {summary.completed}/{summary.requests} done, {summary.output_tokens_per_s:.0f} tok/s "
+            f"({summary.output_tokens} of {summary.expected_tokens} expected tokens), {summary.client_procs} client process(es); "
+            f"slowest first tokens: {slowest_first_tokens(records)}")  # fmt: skip
+
+
 def capped(request: PlannedRequest, words: int, tokens: int) -> PlannedRequest:
     """The request with at most `words` prompt words and `tokens` max_tokens (0: no cap)."""
     return replace(request, prompt_words=min(request.prompt_words, words or request.prompt_words),
@@ -334,9 +341,7 @@ def main(argv: list[str] | None = None) -> None:
         summary, outcomes = run_rate(args, pool, rate)
         summaries.append(summary)
         records.append(request_records(outcomes, pool))
-        print(f"rate {rate:g}/s: {summary.completed}/{summary.requests} done, {summary.output_tokens_per_s:.0f} tok/s "
-              f"({summary.output_tokens} of {summary.expected_tokens} expected tokens), "
-              f"{summary.client_procs} client process(es); slowest first tokens: {slowest_first_tokens(records[-1])}", flush=True)  # fmt: skip
+        print(load_line(summary, records[-1]), flush=True)
     print_table(args.label, summaries)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -15,10 +15,10 @@ committed; each with its own Python dependencies installed):
 Random weights make a server sample ids the tokenizer does not define (65530-65535) and EOS (0);
 the weights file has those ids impossible (random_checkpoint --impossible-ids), so no server dies
 of an undefined id and every stream runs to its max_tokens. `--layer0-value-weights` writes block
-0's value weights, as trained checkpoints carry them: RWKV-Runner's Albatross fails to load without. Each server gets the loads of
-request_rate_benchmark.py (Poisson rates over the same 1,200-request pool) and a burst (all
-`--burst` requests at once, the 960-stream load of the wave-1 workload unless `--burst-mix
-pool`); the JSON holds every server's summaries and
+0's value weights, as trained checkpoints carry them: RWKV-Runner's Albatross fails to load
+without. Each server gets the loads of request_rate_benchmark.py (Poisson rates over the same
+1,200-request pool) and a burst (all `--burst` requests at once, the 960-stream load of the
+wave-1 workload unless `--burst-mix pool`); the JSON holds every server's summaries and
 plot_request_rate.py draws them.
 """
 
@@ -174,10 +174,7 @@ def run_server(args: argparse.Namespace, spec: ServerSpec, pool: list[rate_bench
             summary, outcomes = rate_bench.run_rate(load, pool, rate)
             summaries.append(summary)
             records.append(rate_bench.request_records(outcomes, pool))
-            print(f"{spec.name} rate {rate:g}/s: {summary.completed}/{summary.requests} done, {summary.output_tokens_per_s:.0f} tok/s "
-                  f"({summary.output_tokens} of {summary.expected_tokens} expected tokens), "
-                  f"{summary.client_procs} client process(es); slowest first tokens: {rate_bench.slowest_first_tokens(records[-1])}",
-                  flush=True)  # fmt: skip
+            print(f"{spec.name} {rate_bench.load_line(summary, records[-1])}", flush=True)
         if args.burst:
             burst = burst_pool(args, pool)
             summary, outcomes = burst_summary(load, burst, args.burst)

@@ -18,32 +18,35 @@ _CHECKED = (*(c for _, c in int8_triton.SWAP_DEFAULTS), next(c for c in int8_tri
 CONFIGS = int8_triton.SWAP_CONFIGS if os.environ.get("INT8_SM90_ALL") == "1" else tuple(dict.fromkeys(_CHECKED))
 
 
-def _signature(dtype: str) -> dict[str, str]:
+def _signature(dtype: str, constexprs: dict[str, object]) -> dict[str, str]:
+    """Both int8 kernels' arguments (the same pointers and integers), then their constexprs."""
     pointers = {"x_ptr": f"*{dtype}", "q_ptr": "*i8", "scale_ptr": "*fp32", "y_ptr": f"*{dtype}"}
     integers = dict.fromkeys(("M", "N", "K", "stride_xb", "stride_xm", "stride_qb", "stride_sb", "stride_yb", "stride_ym"), "i32")
-    constants = dict.fromkeys(("BLOCK_N", "BLOCK_M", "BLOCK_K", "GROUP_N", "MAGIC_FP16", "EVEN_K", "CONVERT_FIRST"), "constexpr")
-    return {**pointers, **integers, **constants}
+    return {**pointers, **integers, **dict.fromkeys(constexprs, "constexpr")}
+
+
+def _swap_constexprs(config: int8_triton.SwapConfig, dtype: str) -> dict[str, object]:
+    return {"BLOCK_N": config.block_n, "BLOCK_M": config.block_m, "BLOCK_K": config.block_k, "GROUP_N": config.group_n,
+            "MAGIC_FP16": dtype == "fp16", "EVEN_K": True, "CONVERT_FIRST": config.convert_first}  # fmt: skip
+
+
+def _tile_constexprs(config: int8_triton.TileConfig, dtype: str) -> dict[str, object]:
+    return {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k, "GROUP_M": config.group_m, "MAGIC_FP16": dtype == "fp16"}
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda c: c.name.replace(" ", "-"))
 def test_the_weights_feed_wgmma_from_registers(config: int8_triton.SwapConfig, dtype: str) -> None:
-    constexprs = {"BLOCK_N": config.block_n, "BLOCK_M": config.block_m, "BLOCK_K": config.block_k, "GROUP_N": config.group_n,
-                  "MAGIC_FP16": dtype == "fp16", "EVEN_K": True, "CONVERT_FIRST": config.convert_first}  # fmt: skip
+    constexprs = _swap_constexprs(config, dtype)
     build = compile_sm90(
-        int8_triton._w8a16_swap_kernel, _signature(dtype), constexprs, config.num_warps, config.num_stages, unspecialized=int8_triton._ROWS_ARGS
-    )
+        int8_triton._w8a16_swap_kernel, _signature(dtype, constexprs), constexprs, config.num_warps, config.num_stages,
+        unspecialized=int8_triton._ROWS_ARGS,
+    )  # fmt: skip
     assert build.wgmma > 0 and build.left_in_registers, build
     assert build.most_in_flight >= 1, f"every product waited for: {build}"
     assert build.async_copies > 0, f"loads not pipelined: {build}"
     assert build.spill_bytes == 0 and 0 < build.registers <= 255, build
     assert build.shared_bytes <= SM90_SHARED_BYTES, build
-
-
-def _tile_signature(dtype: str) -> dict[str, str]:
-    pointers = {"x_ptr": f"*{dtype}", "q_ptr": "*i8", "scale_ptr": "*fp32", "y_ptr": f"*{dtype}"}
-    integers = dict.fromkeys(("M", "N", "K", "stride_xb", "stride_xm", "stride_qb", "stride_sb", "stride_yb", "stride_ym"), "i32")
-    return {**pointers, **integers, **dict.fromkeys(("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "MAGIC_FP16"), "constexpr")}
 
 
 _ROW_BUILDS = [
@@ -60,13 +63,11 @@ def test_the_row_count_unspecialized_keeps_every_load_and_store(kernel: str, con
     of the build for a multiple of 16 rows, the same instructions at the same widths."""
     if kernel == "swap":
         assert isinstance(config, int8_triton.SwapConfig)
-        fn, signature = int8_triton._w8a16_swap_kernel, _signature("fp16")
-        constexprs: dict[str, object] = {"BLOCK_N": config.block_n, "BLOCK_M": config.block_m, "BLOCK_K": config.block_k,
-                                         "GROUP_N": config.group_n, "MAGIC_FP16": True, "EVEN_K": True, "CONVERT_FIRST": config.convert_first}  # fmt: skip
+        fn, constexprs = int8_triton._w8a16_swap_kernel, _swap_constexprs(config, "fp16")
     else:
         assert isinstance(config, int8_triton.TileConfig)
-        fn, signature = int8_triton._w8a16_kernel, _tile_signature("fp16")
-        constexprs = {"BLOCK_M": config.block_m, "BLOCK_N": config.block_n, "BLOCK_K": config.block_k, "GROUP_M": config.group_m, "MAGIC_FP16": True}
+        fn, constexprs = int8_triton._w8a16_kernel, _tile_constexprs(config, "fp16")
+    signature = _signature("fp16", constexprs)
     assert int8_triton._ROWS_ARGS == ["M"]
     aligned = compile_sm90(fn, signature, constexprs, config.num_warps, config.num_stages)
     any_rows = compile_sm90(fn, signature, constexprs, config.num_warps, config.num_stages, unspecialized=int8_triton._ROWS_ARGS)
