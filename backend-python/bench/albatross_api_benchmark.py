@@ -141,8 +141,12 @@ def make_body(args: argparse.Namespace, rng: random.Random) -> dict[str, object]
     return body
 
 
-async def one_stream(client: httpx.AsyncClient, path: str, body: dict[str, object], headers: dict[str, str]) -> StreamResult:
-    result = StreamResult()
+async def one_stream(
+    client: httpx.AsyncClient, path: str, body: dict[str, object], headers: dict[str, str], result: StreamResult | None = None
+) -> StreamResult:
+    """One streaming request. `result` is filled as events arrive, so a caller that cancels the
+    stream (a load's deadline) keeps what had come by then."""
+    result = StreamResult() if result is None else result
     start = time.perf_counter()
     try:
         async with client.stream("POST", path, json=body, headers=headers) as response:

@@ -21,7 +21,8 @@ PANELS = (("e2e_ms", "end-to-end latency (ms)"), ("ttft_ms", "time to first toke
 
 
 def _series(run: dict, key: str, quantile: str) -> tuple[list[float], list[float]]:
-    points = [(r["rate"], r[key][quantile]) for r in _rated(run) if not math.isnan(r[key][quantile])]
+    # nan: no request; inf: not by the load's deadline (side_by_side.py); neither has a place on a log axis
+    points = [(r["rate"], r[key][quantile]) for r in _rated(run) if math.isfinite(r[key][quantile])]
     return [p[0] for p in points], [p[1] for p in points]
 
 

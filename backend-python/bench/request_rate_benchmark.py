@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from albatross_api_benchmark import inter_token_gaps, one_stream  # bench/ is the script's folder
+from albatross_api_benchmark import StreamResult, inter_token_gaps, one_stream  # bench/ is the script's folder
 
 WORDS = (
     "river engine quiet lantern orbit maple signal harbor copper meadow winter garden silver market "
@@ -144,9 +144,9 @@ class Outcome:
     ok: bool = False
     error: str = ""
     finished: bool = False  # False: still streaming when the drain ended
-    ttft_s: float = 0.0
-    e2e_s: float = 0.0  # to the last token
-    completion_tokens: int = 0  # the server's usage count, else the content chunks seen
+    ttft_s: float = 0.0  # 0: no first token (yet)
+    e2e_s: float = 0.0  # to the last token (of an unfinished stream: the last one before the deadline)
+    completion_tokens: int = 0  # the server's usage count, else the content chunks seen (so far)
     max_tokens: int = 0
     gaps_s: list[float] = field(default_factory=list)
 
@@ -164,12 +164,16 @@ async def _run_share(args: argparse.Namespace, share: list[tuple[PlannedRequest,
             outcome = Outcome(request.index, request.kind, arrival, time.time() - start_at - arrival, max_tokens=request.max_tokens)
             outcomes.append(outcome)
             path, body = build(request, args.temperature)
-            result = await one_stream(client, path, body, headers)
-            outcome.status, outcome.ok, outcome.error, outcome.finished = result.status, result.ok, result.error, True
-            outcome.ttft_s = result.ttft_s
-            outcome.e2e_s = result.chunk_times[-1] if result.chunk_times else 0.0
-            outcome.completion_tokens = result.completion_tokens
-            outcome.gaps_s = inter_token_gaps(result)
+            result = StreamResult()
+            try:
+                await one_stream(client, path, body, headers, result)
+                outcome.finished = True
+            finally:  # a stream closed at the deadline keeps its status, first token and tokens so far
+                outcome.status, outcome.ok, outcome.error = result.status, result.ok, result.error
+                outcome.ttft_s = result.ttft_s
+                outcome.e2e_s = result.chunk_times[-1] if result.chunk_times else 0.0
+                outcome.completion_tokens = result.completion_tokens or sum(result.chunk_tokens)
+                outcome.gaps_s = inter_token_gaps(result)
 
         tasks = [asyncio.create_task(one(request, arrival)) for request, arrival in share]
         last_arrival = max((arrival for _, arrival in share), default=0.0)
@@ -201,13 +205,18 @@ class RateSummary:
     completed: int
     failed: int
     rejected: int  # 429: the server's queue was full
-    unfinished: int
+    unfinished: int  # still streaming (or waiting) when the load's deadline closed them
+    no_first_token: int  # of the unfinished: closed before their first token
     client_procs: int
-    output_tokens: int
+    output_tokens: int  # every token delivered before the deadline, unfinished streams' included
+    unfinished_tokens: int  # of output_tokens: those of the unfinished streams
     expected_tokens: int  # the completed requests' max_tokens: stops are off, so a gap means a server stopped early or merged chunks
     wall_s: float
     output_tokens_per_s: float
     completed_per_s: float
+    # Over the completed and the unfinished requests (not the refused or failed ones). An
+    # unfinished request counts as infinitely late for e2e, and for TTFT when no first token came,
+    # so a server that finishes few requests in the window is not judged by those few alone.
     e2e_ms: dict[str, float]
     ttft_ms: dict[str, float]
     itl_ms: dict[str, float]
@@ -215,7 +224,7 @@ class RateSummary:
 
 
 def quantiles(values: list[float]) -> dict[str, float]:
-    """p50 and p99 in ms (nearest rank)."""
+    """p50 and p99 in ms (nearest rank); inf where that rank had not come by the deadline."""
     if not values:
         return {"p50": float("nan"), "p99": float("nan")}
     ordered = sorted(values)
@@ -226,17 +235,22 @@ def quantiles(values: list[float]) -> dict[str, float]:
 def summarize(rate: float, outcomes: list[Outcome], requests: int, procs: int) -> RateSummary:
     done = [o for o in outcomes if o.finished and o.ok]
     failed = [o for o in outcomes if o.finished and not o.ok]
-    tokens = sum(o.completion_tokens for o in done)
+    open_ = [o for o in outcomes if not o.finished]  # sent, closed at the deadline
+    served = done + open_
+    tokens = sum(o.completion_tokens for o in served)
     first = min((o.arrival_s for o in outcomes), default=0.0)
-    last = max((o.arrival_s + o.send_lag_s + o.e2e_s for o in done), default=first)
+    last = max((o.arrival_s + o.send_lag_s + o.e2e_s for o in served if o.e2e_s > 0), default=first)
     wall = max(last - first, 1e-9)
     return RateSummary(
         rate=rate, requests=requests, completed=len(done), failed=len(failed),
         rejected=sum(1 for o in failed if o.status == 429), unfinished=requests - len(done) - len(failed),
-        client_procs=procs, output_tokens=tokens, expected_tokens=sum(o.max_tokens for o in done), wall_s=wall, output_tokens_per_s=tokens / wall,
-        completed_per_s=len(done) / wall, e2e_ms=quantiles([o.e2e_s for o in done]),
-        ttft_ms=quantiles([o.ttft_s for o in done if o.ttft_s > 0]),
-        itl_ms=quantiles([g for o in done for g in o.gaps_s]),
+        no_first_token=requests - len(done) - len(failed) - sum(1 for o in open_ if o.ttft_s > 0),
+        client_procs=procs, output_tokens=tokens, unfinished_tokens=sum(o.completion_tokens for o in open_),
+        expected_tokens=sum(o.max_tokens for o in done), wall_s=wall, output_tokens_per_s=tokens / wall,
+        completed_per_s=len(done) / wall,
+        e2e_ms=quantiles([o.e2e_s for o in done] + [math.inf] * len(open_)),
+        ttft_ms=quantiles([o.ttft_s if o.ttft_s > 0 else math.inf for o in served]),
+        itl_ms=quantiles([g for o in served for g in o.gaps_s]),
         max_send_lag_ms=1000 * max((o.send_lag_s for o in outcomes), default=0.0),
     )  # fmt: skip
 
@@ -284,8 +298,11 @@ def slowest_first_tokens(records: list[dict[str, object]], count: int = 3) -> st
 
 def load_line(summary: RateSummary, records: list[dict[str, object]]) -> str:
     """A load's one progress line: completions, throughput, client processes, slowest first tokens."""
+    done_tokens = summary.output_tokens - summary.unfinished_tokens
+    unfinished = (f"; {summary.unfinished} unfinished at the deadline ({summary.unfinished_tokens} tokens, "
+                  f"{summary.no_first_token} without a first token)") if summary.unfinished else ""
     return (f"rate {summary.rate:g}/s: {summary.completed}/{summary.requests} done, {summary.output_tokens_per_s:.0f} tok/s "
-            f"({summary.output_tokens} of {summary.expected_tokens} expected tokens), {summary.client_procs} client process(es); "
+            f"({done_tokens} of {summary.expected_tokens} expected tokens{unfinished}), {summary.client_procs} client process(es); "
             f"slowest first tokens: {slowest_first_tokens(records)}")  # fmt: skip
 
 
@@ -303,7 +320,7 @@ def describe_mix(mix: tuple[RequestClass, ...] = LENGTH_MIX) -> str:
 
 
 def print_table(label: str, summaries: list[RateSummary]) -> None:
-    print(f"\n{label}: Poisson arrivals, streaming; latencies in ms (e2e: to the last token)")
+    print(f"\n{label}: Poisson arrivals, streaming; latencies in ms (e2e: to the last token; inf: not by the deadline)")
     print(f"{'req/s':>6}{'sent':>6}{'done':>6}{'fail':>5}{'429':>5}{'left':>5}{'procs':>6}{'out tok/s':>11}"
           f"{'e2e p50':>9}{'p99':>9}{'TTFT p50':>10}{'p99':>9}{'ITL p50':>9}{'p99':>8}")  # fmt: skip
     for s in summaries:

@@ -19,7 +19,10 @@ of an undefined id and every stream runs to its max_tokens. `--layer0-value-weig
 without. Each server gets the loads of request_rate_benchmark.py (Poisson rates over the same
 1,200-request pool) and a burst (all `--burst` requests at once, the 960-stream load of the
 wave-1 workload unless `--burst-mix pool`); the JSON holds every server's summaries and
-plot_request_rate.py draws them.
+plot_request_rate.py draws them. A load ends at its deadline (`--drain` after the last arrival,
+`--burst-drain` after the burst): streams still open then are closed, their tokens so far count
+toward its throughput, and they count as infinitely late in its latency quantiles (TTFT too when
+no first token had come), so a server slower than the window is measured rather than dropped.
 """
 
 from __future__ import annotations
@@ -160,7 +163,7 @@ def burst_summary(
 ) -> tuple[rate_bench.RateSummary, list[rate_bench.Outcome]]:
     """All `count` requests at once (rate = inf): the many-streams load, over several processes."""
     procs = args.client_procs or max(1, min(16, math.ceil(count / 120)))
-    load = argparse.Namespace(**{**vars(args), "client_procs": procs})
+    load = argparse.Namespace(**{**vars(args), "client_procs": procs, "drain": args.burst_drain})
     return rate_bench.run_rate(load, pool, math.inf, count=count)
 
 
@@ -180,7 +183,7 @@ def run_server(args: argparse.Namespace, spec: ServerSpec, pool: list[rate_bench
             summary, outcomes = burst_summary(load, burst, args.burst)
             summaries.append(summary)
             records.append(rate_bench.request_records(outcomes, burst))
-            print(f"{spec.name} burst of {args.burst}: {summary.output_tokens_per_s:.0f} tok/s, {summary.client_procs} client processes", flush=True)
+            print(f"{spec.name} burst of {args.burst}, {rate_bench.load_line(summary, records[-1])}", flush=True)
     rate_bench.print_table(spec.name, summaries)
     # "requests": one list a load, in the order of "rates" (request_rate_benchmark.request_records)
     return {"label": spec.name, "dialect": spec.dialect, "length_mix": rate_bench.describe_mix(), "burst_mix": describe_burst(args),
@@ -221,6 +224,8 @@ def main(argv: list[str] | None = None) -> None:
                         help="the burst's requests: the wave-1 workload (200 words, 256 tokens) or the rate pool's first ones")  # fmt: skip
     parser.add_argument("--duration", type=float, default=15.0, help="seconds of arrivals per rate")
     parser.add_argument("--drain", type=float, default=45.0, help="seconds after the last arrival before open streams are closed")
+    parser.add_argument("--burst-drain", type=float, default=60.0,
+                        help="seconds after the burst is sent before open streams are closed (their tokens so far still count)")  # fmt: skip
     parser.add_argument("--pool", type=int, default=rate_bench.POOL_SIZE)
     parser.add_argument("--client-procs", type=int, default=0)
     parser.add_argument("--batch", type=int, default=960, help="state slots of the batching servers")

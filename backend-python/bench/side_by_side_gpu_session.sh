@@ -13,7 +13,7 @@
 #       DURATION=10 DRAIN=30 TIMEOUT=540 stopped during lightning's first rate): one peer a call,
 #       albatross,runner then albatross,lightning, with RATES=16 DURATION=8 DRAIN=20)
 # From the repository root, with the wheels of fastapi & co. carried in .whl/ (the GPU image has
-# no fastapi). Knobs: SHAPE (7.2b), RATES (4,16,64), BURST (960), DURATION (15), DRAIN (45),
+# no fastapi). Knobs: SHAPE (7.2b), RATES (4,16,64), BURST (960), DURATION (15), DRAIN (45), BURST_DRAIN (60),
 # WEIGHTS (an existing file instead of writing one), ARGS (more side_by_side.py flags).
 set -uo pipefail
 . "$(dirname "$0")/session_start.sh"  # root, $OUT, carried wheels, then backend-python/
@@ -29,7 +29,8 @@ fi
 rates_for=""
 for item in ${RATES_FOR:-}; do rates_for="$rates_for --rates-for $item"; done
 timeout "${TIMEOUT:-560}" python3 bench/side_by_side.py --weights "$WEIGHTS" --servers "${SERVERS:-albatross,runner,lightning}" \
-    --rates "${RATES:-4,16,64}" --burst "${BURST:-960}" --duration "${DURATION:-15}" --drain "${DRAIN:-45}" $rates_for \
+    --rates "${RATES:-4,16,64}" --burst "${BURST:-960}" --duration "${DURATION:-15}" --drain "${DRAIN:-45}" \
+    --burst-drain "${BURST_DRAIN:-60}" $rates_for \
     --out "$OUT" ${ARGS:-} 2>&1 | tee -a "$OUT/log.txt" | grep -v "^{" | tail -80
 python3 bench/plot_request_rate.py "$OUT/side_by_side.json" --output "$OUT" 2>&1 | tee -a "$OUT/log.txt" \
     || echo "no plots here (matplotlib?): run bench/plot_request_rate.py on the JSON elsewhere" | tee -a "$OUT/log.txt"

@@ -3,13 +3,21 @@ length mix, Poisson arrivals, what each server dialect sends, the per-rate summa
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 import math
 import statistics
 import sys
+import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
+from fastapi import FastAPI
+from fastapi.responses import StreamingResponse
+
+from runner_fakes import live_server
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
@@ -56,12 +64,45 @@ def test_summary_counts_outcomes_and_takes_nearest_rank_quantiles() -> None:
     rejected = Outcome(4, "chat turn", 2.0, 0.0, 429, False, "queue full", True)
     open_stream = Outcome(5, "generation", 2.5, 0.0)
     summary = rate_bench.summarize(2.0, [*done, rejected, open_stream], requests=6, procs=1)
-    assert (summary.completed, summary.failed, summary.rejected, summary.unfinished) == (4, 1, 1, 1)
-    assert summary.output_tokens == summary.expected_tokens == 40
-    assert summary.ttft_ms["p50"] == pytest.approx(200.0) and summary.ttft_ms["p99"] == pytest.approx(400.0)
+    assert (summary.completed, summary.failed, summary.rejected, summary.unfinished, summary.no_first_token) == (4, 1, 1, 1, 1)
+    assert summary.output_tokens == summary.expected_tokens == 40 and summary.unfinished_tokens == 0
+    # the open stream had no first token: it is the slowest of five, not left out
+    assert summary.ttft_ms["p50"] == pytest.approx(300.0) and summary.ttft_ms["p99"] == math.inf
+    assert summary.e2e_ms["p50"] == pytest.approx(3000.0) and summary.e2e_ms["p99"] == math.inf
     assert summary.itl_ms["p50"] == pytest.approx(20.0)
     assert summary.wall_s == pytest.approx(1.5 + 4.0)  # first arrival 0 to the last token at 1.5 + 4.0
     assert math.isnan(rate_bench.quantiles([])["p50"])
+
+
+def test_a_stream_open_at_the_deadline_keeps_its_tokens_so_far() -> None:
+    """Over a real loopback server: one request finishes, the other sends three tokens and then
+    nothing. The load's deadline closes the second; its status, first token and three tokens are
+    kept and count toward throughput (a slow peer's window is measured, not dropped)."""
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def chat(body: dict) -> StreamingResponse:
+        async def events() -> AsyncIterator[str]:
+            for _ in range(3 if body["max_tokens"] > 1000 else body["max_tokens"]):
+                yield f"data: {json.dumps({'choices': [{'delta': {'content': 'x'}}]})}\n\n"
+            if body["max_tokens"] > 1000:
+                await asyncio.Event().wait()  # the rest never comes
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    pool = [rate_bench.PlannedRequest(0, "chat turn", 5, 4, 1), rate_bench.PlannedRequest(1, "generation", 5, 5000, 2)]
+    with live_server(app) as url:
+        args = argparse.Namespace(dialect="albatross", password=None, url=url, timeout=60.0, temperature=1.0, drain=3.0)
+        outcomes = asyncio.run(rate_bench._run_share(args, [(pool[0], 0.0), (pool[1], 0.0)], time.time()))
+    done, open_ = sorted(outcomes, key=lambda o: o.index)
+    assert (done.finished, done.ok, done.completion_tokens) == (True, True, 4)
+    assert (open_.finished, open_.ok, open_.status, open_.completion_tokens) == (False, False, 200, 3)
+    assert 0 < open_.ttft_s <= open_.e2e_s and len(open_.gaps_s) == 2
+    summary = rate_bench.summarize(math.inf, outcomes, requests=2, procs=1)
+    assert (summary.completed, summary.unfinished, summary.no_first_token) == (1, 1, 0)
+    assert (summary.output_tokens, summary.unfinished_tokens, summary.expected_tokens) == (7, 3, 4)
+    assert summary.e2e_ms["p99"] == math.inf and math.isfinite(summary.ttft_ms["p99"])
 
 
 def test_client_processes_grow_with_the_token_rate() -> None:
