@@ -123,10 +123,26 @@ def _lightning(request: PlannedRequest, temperature: float) -> tuple[str, dict[s
     }  # fmt: skip
 
 
+def _lightning_batch(requests: list[PlannedRequest], temperature: float) -> tuple[str, dict[str, object]]:
+    # rwkv_lightning's batch route takes raw prompts (its OpenAI route formats the chat turn the same
+    # way); one max_tokens for the batch, chunk_size 1 so each row's tokens stream as they come
+    return "/v1/chat/completions", {
+        "model": "rwkv7", "stream": True, "contents": [f"User: {prompt_text(r)}\n\nAssistant:" for r in requests],
+        "max_tokens": max(r.max_tokens for r in requests), "temperature": temperature, "top_p": 0.6, "top_k": 50,
+        "stop_tokens": [], "alpha_presence": 0, "alpha_frequency": 0, "chunk_size": 1,
+    }  # fmt: skip
+
+
 DIALECTS: dict[str, Callable[[PlannedRequest, float], tuple[str, dict[str, object]]]] = {
     "albatross": _ours,  # our server, any backend (albatross or classic)
     "runner": _runner,  # RWKV-Runner's backend-python
     "lightning": _lightning,  # rwkv_lightning's OpenAI route
+}
+# Servers whose best route takes many prompts in one request and streams every row's tokens in
+# one event a step (`choices[].index` is the row): requests that arrive together go as one
+# request of up to `--batch-group` prompts, each prompt still measured as its own stream.
+BATCH_DIALECTS: dict[str, Callable[[list[PlannedRequest], float], tuple[str, dict[str, object]]]] = {
+    "lightning-batch": _lightning_batch,  # rwkv_lightning's /v1/chat/completions with `contents`
 }
 
 
@@ -151,31 +167,55 @@ class Outcome:
     gaps_s: list[float] = field(default_factory=list)
 
 
+def request_groups(
+    share: list[tuple[PlannedRequest, float]], dialect: str, batch_group: int
+) -> list[list[tuple[PlannedRequest, float]]]:
+    """The HTTP requests a share is sent as: one a prompt, or, for a batch dialect, the prompts
+    that arrive at the same moment (a burst) in groups of up to `batch_group`."""
+    if dialect not in BATCH_DIALECTS:
+        return [[item] for item in share]
+    groups: list[list[tuple[PlannedRequest, float]]] = []
+    for item in share:
+        last = groups[-1] if groups else None
+        if last is not None and last[0][1] == item[1] and len(last) < batch_group:
+            last.append(item)
+        else:
+            groups.append([item])
+    return groups
+
+
 async def _run_share(args: argparse.Namespace, share: list[tuple[PlannedRequest, float]], start_at: float) -> list[Outcome]:
-    build = DIALECTS[args.dialect]
     headers = {"Authorization": f"Bearer {args.password}"} if args.password else {}
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
     timeout = httpx.Timeout(args.timeout, connect=30.0)
     outcomes: list[Outcome] = []
     async with httpx.AsyncClient(base_url=args.url, limits=limits, timeout=timeout) as client:
 
-        async def one(request: PlannedRequest, arrival: float) -> None:
+        async def one(group: list[tuple[PlannedRequest, float]]) -> None:
+            arrival = group[0][1]
             await asyncio.sleep(max(0.0, start_at + arrival - time.time()))
-            outcome = Outcome(request.index, request.kind, arrival, time.time() - start_at - arrival, max_tokens=request.max_tokens)
-            outcomes.append(outcome)
-            path, body = build(request, args.temperature)
-            result = StreamResult()
+            lag = time.time() - start_at - arrival
+            mine = [Outcome(r.index, r.kind, arrival, lag, max_tokens=r.max_tokens) for r, _ in group]
+            outcomes.extend(mine)
+            results = [StreamResult() for _ in group]
             try:
-                await one_stream(client, path, body, headers, result)
-                outcome.finished = True
+                if args.dialect in BATCH_DIALECTS:
+                    path, body = BATCH_DIALECTS[args.dialect]([r for r, _ in group], args.temperature)
+                    await batch_stream(client, path, body, headers, results)
+                else:
+                    path, body = DIALECTS[args.dialect](group[0][0], args.temperature)
+                    await one_stream(client, path, body, headers, results[0])
+                for outcome in mine:
+                    outcome.finished = True
             finally:  # a stream closed at the deadline keeps its status, first token and tokens so far
-                outcome.status, outcome.ok, outcome.error = result.status, result.ok, result.error
-                outcome.ttft_s = result.ttft_s
-                outcome.e2e_s = result.chunk_times[-1] if result.chunk_times else 0.0
-                outcome.completion_tokens = result.completion_tokens or sum(result.chunk_tokens)
-                outcome.gaps_s = inter_token_gaps(result)
+                for outcome, result in zip(mine, results):
+                    outcome.status, outcome.ok, outcome.error = result.status, result.ok, result.error
+                    outcome.ttft_s = result.ttft_s
+                    outcome.e2e_s = result.chunk_times[-1] if result.chunk_times else 0.0
+                    outcome.completion_tokens = result.completion_tokens or sum(result.chunk_tokens)
+                    outcome.gaps_s = inter_token_gaps(result)
 
-        tasks = [asyncio.create_task(one(request, arrival)) for request, arrival in share]
+        tasks = [asyncio.create_task(one(group)) for group in request_groups(share, args.dialect, getattr(args, "batch_group", 1))]
         last_arrival = max((arrival for _, arrival in share), default=0.0)
         deadline = start_at + last_arrival + args.drain
         _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline - time.time()))
@@ -183,6 +223,42 @@ async def _run_share(args: argparse.Namespace, share: list[tuple[PlannedRequest,
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
     return outcomes
+
+
+async def batch_stream(
+    client: httpx.AsyncClient, path: str, body: dict[str, object], headers: dict[str, str], results: list[StreamResult]
+) -> None:
+    """One request of many prompts; `results[i]` gets row i's events (`choices[].index`) as they
+    arrive, so a deadline that cancels it leaves every row's tokens so far."""
+    start = time.perf_counter()
+    try:
+        async with client.stream("POST", path, json=body, headers=headers) as response:
+            for result in results:
+                result.status = response.status_code
+            if response.status_code != 200:
+                error = (await response.aread()).decode(errors="replace")[:200]
+                for result in results:
+                    result.error = error
+                return
+            async for line in response.aiter_lines():
+                if not line.startswith("data: "):
+                    continue
+                if line[6:] == "[DONE]":
+                    break
+                data = json.loads(line[6:])
+                now = time.perf_counter() - start
+                for choice in data.get("choices", []):
+                    if (choice.get("delta") or {}).get("content"):
+                        result = results[int(choice.get("index", 0))]
+                        result.ttft_s = result.ttft_s or now
+                        result.chunk_times.append(now)
+                        result.chunk_tokens.append(1)
+        for result in results:
+            result.ok = True
+            result.completion_tokens = sum(result.chunk_tokens)
+    except (httpx.HTTPError, json.JSONDecodeError, IndexError, ValueError) as error:
+        for result in results:
+            result.error = f"{type(error).__name__}: {error}"
 
 
 def _client_process(args: argparse.Namespace, share: list[tuple[PlannedRequest, float]], start_at: float) -> list[Outcome]:
@@ -334,7 +410,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--url", default="http://127.0.0.1:8000")
     parser.add_argument("--password")
     parser.add_argument("--label", default="server", help="the name of this server in tables and plots")
-    parser.add_argument("--dialect", choices=sorted(DIALECTS), default="albatross")
+    parser.add_argument("--dialect", choices=sorted({*DIALECTS, *BATCH_DIALECTS}), default="albatross")
+    parser.add_argument("--batch-group", type=int, default=1, help="batch dialects: prompts arriving together per request")
     parser.add_argument("--rates", default="1,2,4,8,16,32,64", help="requests per second, comma-separated")
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of arrivals per rate (capped by the pool)")
     parser.add_argument("--drain", type=float, default=60.0, help="seconds after the last arrival before open streams are closed")

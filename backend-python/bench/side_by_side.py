@@ -3,7 +3,8 @@ time on the same GPU, in one run, so every headline figure is a ratio measured i
 
 Servers: ours with the Albatross engine (`albatross`) or the classic `rwkv`-package backend
 (`classic`), RWKV-Runner's backend-python (`runner`, its Albatross strategy) and rwkv_lightning
-(`lightning`), the last two from checkouts the user places in `.peers/` (ignored by git, never
+(`lightning`: its OpenAI route; `lightning-batch`: its batch route, a burst sent as requests of
+`--batch-group` prompts), the peers from checkouts the user places in `.peers/` (ignored by git, never
 committed; each with its own Python dependencies installed):
 
     git clone https://github.com/josStorer/RWKV-Runner .peers/RWKV-Runner
@@ -89,6 +90,9 @@ def server_specs(peers: Path) -> dict[str, ServerSpec]:
         "classic": ServerSpec("classic", "albatross", BACKEND, "/status"),
         "runner": ServerSpec("runner", "runner", peers / "RWKV-Runner" / "backend-python", "/status"),
         "lightning": ServerSpec("lightning", "lightning", peers / "rwkv_lightning", "/openai/v1/models"),
+        # the same server through its batch route (request_rate_benchmark.BATCH_DIALECTS): its OpenAI
+        # route serves one request at a time, so a burst there measures its queue, not its batching
+        "lightning-batch": ServerSpec("lightning-batch", "lightning-batch", peers / "rwkv_lightning", "/openai/v1/models"),
     }
 
 
@@ -162,7 +166,8 @@ def burst_summary(
     args: argparse.Namespace, pool: list[rate_bench.PlannedRequest], count: int
 ) -> tuple[rate_bench.RateSummary, list[rate_bench.Outcome]]:
     """All `count` requests at once (rate = inf): the many-streams load, over several processes."""
-    procs = args.client_procs or max(1, min(16, math.ceil(count / 120)))
+    per_request = args.batch_group if args.dialect in rate_bench.BATCH_DIALECTS else 120  # a process's share
+    procs = args.client_procs or max(1, min(16, math.ceil(count / per_request)))
     load = argparse.Namespace(**{**vars(args), "client_procs": procs, "drain": args.burst_drain})
     return rate_bench.run_rate(load, pool, math.inf, count=count)
 
@@ -222,6 +227,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--burst", type=int, default=960, help="also send this many requests at once (0: no burst)")
     parser.add_argument("--burst-mix", choices=("wave1", "pool"), default="wave1",
                         help="the burst's requests: the wave-1 workload (200 words, 256 tokens) or the rate pool's first ones")  # fmt: skip
+    parser.add_argument("--batch-group", type=int, default=480,
+                        help="lightning-batch: the burst's prompts per request (rwkv_lightning admits ~928 prompt rows at a time at 7.2B)")  # fmt: skip
     parser.add_argument("--duration", type=float, default=15.0, help="seconds of arrivals per rate")
     parser.add_argument("--drain", type=float, default=45.0, help="seconds after the last arrival before open streams are closed")
     parser.add_argument("--burst-drain", type=float, default=60.0,

@@ -11,7 +11,9 @@
 #       rwkv_pip/cpp, and the py-spy wheel (~24 MB carried in session 25). Three servers, the
 #       peers' kernel builds included, do not fit one 600 s call (session 25's RATES=16,64
 #       DURATION=10 DRAIN=30 TIMEOUT=540 stopped during lightning's first rate): one peer a call,
-#       albatross,runner then albatross,lightning, with RATES=16 DURATION=8 DRAIN=20)
+#       albatross,runner then albatross,lightning, with RATES=16 DURATION=8 DRAIN=20; with the deadline's
+#       partial counts (BURST_DRAIN=45) all three fit: session 26 ran them in 423 s). `lightning-batch`
+#       is rwkv_lightning through its batch route (the burst as requests of 480 prompts)
 # From the repository root, with the wheels of fastapi & co. carried in .whl/ (the GPU image has
 # no fastapi). Knobs: SHAPE (7.2b), RATES (4,16,64), BURST (960), DURATION (15), DRAIN (45), BURST_DRAIN (60),
 # WEIGHTS (an existing file instead of writing one), ARGS (more side_by_side.py flags).

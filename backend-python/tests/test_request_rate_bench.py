@@ -144,3 +144,39 @@ def test_request_records_keep_every_request_in_arrival_order_and_name_the_slowes
     # the refused request and the one still streaming are not among the slowest finished ones
     line = rate_bench.slowest_first_tokens(records, count=3)
     assert line.startswith(f"#{pool[2].index} ") and "1250 ms" in line and f"#{pool[1].index} " not in line and f"#{pool[3].index} " not in line
+
+
+def test_a_batch_dialect_sends_a_burst_in_groups_and_measures_each_row() -> None:
+    """rwkv_lightning's batch route over a real loopback server of the same shape: prompts that
+    arrive together go as requests of up to `batch_group` prompts, and each row's events
+    (`choices[].index`) make that prompt's own first token and token count."""
+    received: list[int] = []
+    app = FastAPI()
+
+    @app.post("/v1/chat/completions")
+    async def batch(body: dict) -> StreamingResponse:
+        rows = len(body["contents"])
+        received.append(rows)
+        assert body["stream"] is True and body["stop_tokens"] == [] and body["chunk_size"] == 1
+
+        async def events() -> AsyncIterator[str]:
+            for step in range(body["max_tokens"]):  # row i stops after max_tokens - i steps
+                choices = [{"index": i, "delta": {"content": "y"}} for i in range(rows) if step < body["max_tokens"] - i]
+                yield f"data: {json.dumps({'object': 'chat.completion.chunk', 'choices': choices})}\n\n"
+            yield "data: [DONE]\n\n"
+
+        return StreamingResponse(events(), media_type="text/event-stream")
+
+    pool = [rate_bench.PlannedRequest(i, "wave-1 burst", 4, 6, i) for i in range(5)]
+    share = [(request, 0.0) for request in pool]
+    assert [len(g) for g in rate_bench.request_groups(share, "lightning-batch", 3)] == [3, 2]
+    assert [len(g) for g in rate_bench.request_groups(share, "lightning", 3)] == [1] * 5
+    with live_server(app) as url:
+        args = argparse.Namespace(dialect="lightning-batch", password=None, url=url, timeout=60.0, temperature=1.0, drain=30.0, batch_group=3)
+        outcomes = asyncio.run(rate_bench._run_share(args, share, time.time()))
+    assert sorted(received) == [2, 3]
+    by_index = {o.index: o for o in outcomes}
+    assert sorted(by_index) == [0, 1, 2, 3, 4]
+    assert all(o.finished and o.ok and o.status == 200 and o.ttft_s > 0 for o in outcomes)
+    # position in its request: 0,1,2 then 0,1 -> 6,5,4 then 6,5 tokens
+    assert [by_index[i].completion_tokens for i in range(5)] == [6, 5, 4, 6, 5]
