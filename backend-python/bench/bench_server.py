@@ -25,8 +25,10 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import traceback
+import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # also when started through runpy (engine_gpu_session.sh)
@@ -77,14 +79,42 @@ def parse_args(argv: list[str] | None) -> tuple[argparse.Namespace, ServerSettin
                         help="the simulated device: decode-only step ms, then a mixed step's ms, us per prompt token, us per decode row")  # fmt: skip
     parser.add_argument("--simulated-decode-per-row", type=float, default=0.0,
                         help=f"ms a decode-only step adds per row, its first number then being the base (the H200: {H200_DECODE_BY_ROWS})")  # fmt: skip
+    parser.add_argument("--sync-debug", action="store_true",
+                        help="log each distinct place where the process makes the host wait for the GPU (torch's sync debug mode), with its stack")  # fmt: skip
     args, rest = parser.parse_known_args(argv)
     return args, settings_from_args(rest)
+
+
+def log_synchronizing_calls(file: TextIO = sys.stderr) -> None:
+    """torch warns at every call that makes the host wait for the device (`.item()`, `.tolist()`, a
+    copy to pageable memory, `nonzero` ...); each distinct stack is printed once to `file`, so the
+    server log names the waits inside a step. The worker's deliberate waits (the sampled ids'
+    event) are event syncs, which torch does not flag. Without CUDA only the printing is set up."""
+    import torch
+
+    seen: set[tuple[str, ...]] = set()
+    original = warnings.showwarning
+
+    def show(message, category, filename, lineno, file_=None, line=None):  # type: ignore[no-untyped-def]
+        if "synchronizing" not in str(message):
+            return original(message, category, filename, lineno, file_, line)
+        stack = tuple(f"{f.filename}:{f.lineno} {f.name}" for f in traceback.extract_stack()[:-1] if "warnings" not in f.filename)
+        if stack not in seen:
+            seen.add(stack)
+            print(f"[sync-debug] {message}\n    " + "\n    ".join(stack[-12:]), file=file, flush=True)
+
+    warnings.showwarning = show
+    warnings.simplefilter("always", UserWarning)  # every occurrence reaches `show`, which keeps the distinct ones
+    if torch.cuda.is_available():
+        torch.cuda.set_sync_debug_mode("warn")
 
 
 def main(argv: list[str] | None = None) -> None:
     global _device_step, _simulated
     args, settings = parse_args(argv)
     configure_logging(settings.log_level, settings.log_format)
+    if args.sync_debug:
+        log_synchronizing_calls()
     if args.device_step == "profiled":
         _device_step = ProfiledDevice()
     elif args.device_step == "simulated":

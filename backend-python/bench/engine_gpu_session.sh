@@ -9,7 +9,8 @@
 # server's threads during the first HTTP load), SWITCH_INTERVALS (e.g. "0.0005": restart the server
 # with that sys.setswitchinterval and repeat the chat-route load; PYSPY_DELAY, PYSPY_DURATION, PYSPY_FLAGS e.g. "--native"), DEVICE_STEP=profiled (serve through
 # bench/bench_server.py with CUDA events around every step, and print each HTTP level's step profile:
-# GPU time per kind of step, the mixed steps' fit, the GPU's idle time between steps), MIXED=1
+# GPU time per kind of step, the mixed steps' fit, the GPU's idle time between steps), SYNC_DEBUG=1 (the same server
+# logs each distinct call that makes the host wait for the GPU, with its stack, to server.log), MIXED=1
 # (bench/mixed_step_cost.py: a mixed step's time on a grid of prompt tokens x decode rows, the engine's
 # one-forward step against graph decode + a prefill forward; MIXED_CHUNKS, default "128,256"),
 # RATES (e.g. "4,16": bench/request_rate_benchmark.py against the HTTP server, RATES_DURATION s each, RATES_DRAIN s to finish),
@@ -54,6 +55,7 @@ fi
 start_server() {  # $1: sys.setswitchinterval value, or "" for Python's default; $2: strategy extra (default STRATEGY_EXTRA)
   local script=main.py device_step=()
   if [ -n "${DEVICE_STEP:-}" ]; then script=bench/bench_server.py device_step=(--device-step "$DEVICE_STEP"); fi
+  if [ "${SYNC_DEBUG:-0}" = 1 ]; then script=bench/bench_server.py device_step+=(--sync-debug); fi
   python3 -c "import sys, runpy; sys.setswitchinterval(float('$1')) if '$1' else None; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')" \
     "$script" "${device_step[@]}" --model-path "random:${SHAPE:-7.2b}" --strategy "albatross workers=1 batch=960 ${2:-${STRATEGY_EXTRA:-}}" --port 8123 --max-tokens 4096 >>"$OUT/server.log" 2>&1 &
   server=$!

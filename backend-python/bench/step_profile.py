@@ -42,6 +42,8 @@ class _Step:
     start: torch.cuda.Event
     end: torch.cuda.Event
     host_ms: float  # Python time spent queuing the step
+    forward_host_ms: float  # of which inside the model's eager forward (mixed steps)
+    sample_host_ms: float  # of which inside the sampler call
     decode_rows: int
     prefill_tokens: int
     longest_chunk: int
@@ -54,17 +56,37 @@ class StepProfiler:
         self._steps: list[_Step] = []
         self._lock = threading.Lock()  # the worker appends, a report (another thread) takes the list
         original = device_step.issue  # type: ignore[attr-defined]
+        # Where a step's host time goes: a host that queues a mixed step for as long as the GPU runs
+        # it is either slow Python or waiting on the device somewhere inside (bench_server.py
+        # --sync-debug names such waits).
+        spent = {"forward": 0.0, "sample": 0.0}
+
+        def timed(name: str, call):  # type: ignore[no-untyped-def]
+            def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
+                began = time.perf_counter()
+                try:
+                    return call(*args, **kwargs)
+                finally:
+                    spent[name] += 1000 * (time.perf_counter() - began)
+
+            return wrapper
+
+        model = device_step.model  # type: ignore[attr-defined]
+        model.forward_ids = timed("forward", model.forward_ids)
+        device_step._sample = timed("sample", device_step._sample)  # type: ignore[attr-defined]
 
         def issue(plan):  # type: ignore[no-untyped-def]
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
+            spent["forward"] = spent["sample"] = 0.0
             began = time.perf_counter()
             issued = original(plan)
             host_ms = 1000 * (time.perf_counter() - began)
             end.record()
             chunks = [row.stop - row.start for row in plan.rows if row.kind is RowKind.PREFILL]
+            step = _Step(start, end, host_ms, spent["forward"], spent["sample"], plan.decode_tokens, plan.prefill_tokens, max(chunks, default=0))
             with self._lock:
-                self._steps.append(_Step(start, end, host_ms, plan.decode_tokens, plan.prefill_tokens, max(chunks, default=0)))
+                self._steps.append(step)
             return issued
 
         device_step.issue = issue  # type: ignore[attr-defined]
@@ -97,6 +119,8 @@ class StepProfiler:
             table[key] = {
                 "steps": n, "gpu_s": span / 1000, "ms_per_step": span / n, "gap_ms": gap / n,
                 "host_ms": sum(steps[i].host_ms for i in idx) / n,
+                "forward_host_ms": sum(steps[i].forward_host_ms for i in idx) / n,
+                "sample_host_ms": sum(steps[i].sample_host_ms for i in idx) / n,
                 "decode_rows": sum(steps[i].decode_rows for i in idx) / n,
                 "prefill_tokens": sum(steps[i].prefill_tokens for i in idx) / n,
                 "longest_chunk": sum(steps[i].longest_chunk for i in idx) / n,
