@@ -15,6 +15,7 @@ the step before (which advanced their matchers), before the next step is issued.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -291,16 +292,20 @@ class Worker:
             self._prepare(admitted, finisher)
             self._scheduler.share_prefills(admitted)
         plan = self._scheduler.plan()
-        issued = self._issue(plan, finisher) if plan else None
+        issued, after_issue = self._issue(plan, finisher) if plan else (None, [])
         if self.overlap:
             previous, self._pending = self._pending, issued
             if previous is not None:
                 # advances the matchers that the masks of `issued` need, then lets their fill start
                 results.process(previous, self._start_masks(issued))
+                if self._outbox.flush():  # the previous step's tokens go out before the copies below are queued
+                    finisher.abort_closed_channels()
+            self._after_issue(after_issue)
             if issued is not None:
                 self._sample_masked(issued, finisher)
         else:
             previous = issued
+            self._after_issue(after_issue)
             if issued is not None:
                 self._sample_masked(issued, finisher)
                 results.process(issued)
@@ -344,7 +349,14 @@ class Worker:
             except Exception as error:
                 finisher.fail(task, error)
 
-    def _issue(self, plan: StepPlan, finisher: Finisher) -> IssuedStep | None:
+    def _issue(self, plan: StepPlan, finisher: Finisher) -> tuple[IssuedStep | None, list[Callable[[], None]]]:
+        """The step queued on the device, and what must follow it before the next step is queued:
+        the prefix-state saves, the followers' state copies and the final-state saves of its rows
+        (each decided now, run by `_after_issue`). With overlap they run after the previous step's
+        results are processed: on a GPU a step's ~800 launches and a burst step's ~60 saves of
+        several copies each fill the device's launch queue, so a launch blocks until the device
+        drains room; queued before that processing, the saves held the previous step's tokens
+        until the device was well into this step (docs/performance.md, "Session 26")."""
         device_step, saved_states = self.device_step, self._saved_states
         assert device_step is not None and saved_states is not None
         try:
@@ -354,22 +366,36 @@ class Worker:
                            self.index, len(refused.rows), len(plan.rows), refused)
             finisher.fail_rows(refused.rows, refused.error)
             rest = plan.without({row.task.task_id for row in refused.rows})
-            return self._issue(rest, finisher) if rest else None
+            return self._issue(rest, finisher) if rest else (None, [])
         except Exception as error:
             logger.exception("albatross worker %d: step failed; failing its %d rows", self.index, len(plan.rows))
             finisher.fail_rows(plan.rows, error)
             device_step.forget_last_step()  # the failed step's ids never existed
-            return None
+            return None, []
+        after: list[Callable[[], None]] = []
         for index, row in enumerate(plan.rows):  # states that only needed this step's forward to be issued
+            task = row.task
             if row.starts_followers:
-                self._start_followers(row.task, finisher)
+                after.append(functools.partial(self._start_followers, task, finisher))
             for length, state in zip(row.checkpoints, issued.captured.get(index, ())):
-                saved_states.save_prefix_state(row.task, length, state)
+                after.append(functools.partial(self._unless_ended, task, saved_states.save_prefix_state, task, length, state))
             if row.prefix_checkpoint:
-                saved_states.save_prefix(row)
-            if row.kind is RowKind.FEED and row.task.finished:
-                finisher.save_final(row.task)
-        return issued
+                after.append(functools.partial(self._unless_ended, task, saved_states.save_prefix, row))
+            if row.kind is RowKind.FEED and task.finished:  # ended before this step: its final state is in this step
+                after.append(functools.partial(finisher.save_final, task))
+        return issued, after
+
+    @staticmethod
+    def _unless_ended(task: EngineTask, save: Callable[..., None], *args: object) -> None:
+        """A prefix save for a task still running: one that failed in between (the previous step's
+        results) has its slot back in the free list, and nothing of it is worth keeping."""
+        if not task.finished:
+            save(*args)
+
+    @staticmethod
+    def _after_issue(actions: list[Callable[[], None]]) -> None:
+        for action in actions:
+            action()
 
     def _start_masks(self, issued: IssuedStep | None) -> Callable[[], None] | None:
         masks = self._masks

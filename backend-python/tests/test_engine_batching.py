@@ -13,7 +13,7 @@ import pytest
 from albatross.model import RWKV7
 from albatross_engine.adapter import AlbatrossRWKV
 from engine_helpers import WORKER_MODES, collect, reference_tokens, token_ids
-from runner.interface import GenerationRequest, SamplingParams
+from runner.interface import GenerationRequest, SamplingParams, StateRef
 
 GREEDY = SamplingParams(max_tokens=12, temperature=0.0, frequency_penalty=0.5, presence_penalty=0.3, stop_token_ids=())
 
@@ -148,3 +148,44 @@ def test_a_stop_token_ends_the_request_without_emitting_it(engine: AlbatrossRWKV
     assert events[-1].finish_reason == "stop"
     assert token_ids(events) == free_run[:first], "tokens before the stop token, without it"
     assert events[-1].completion_tokens == first + 1, "the stop token counts as generated"
+
+
+def test_with_overlap_the_previous_steps_results_go_out_before_this_steps_saves_are_queued(
+    tiny_checkpoint: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On a GPU the prompt-end saves of step N+1 (several copies each) can block in a full launch
+    queue; queued before step N's results were processed, they held N's tokens back. Every save
+    now comes after every issued step but the newest has been processed and its events sent."""
+    from albatross_engine.device_step import DeviceStep
+    from albatross_engine.results import ResultProcessor
+    from albatross_engine.saved_states import SavedStates
+    from albatross_engine.state_cache import StateCache
+    from albatross_engine.tasks import EventOutbox
+
+    order: list[str] = []
+    steps = ((DeviceStep, "issue", "issue"), (ResultProcessor, "process", "process"), (EventOutbox, "flush", "flush"), (SavedStates, "save_prefix", "save"))
+    for cls, name, tag in steps:
+        original = getattr(cls, name)
+
+        def recorded(self, *args, _original=original, _tag=tag, **kwargs):  # type: ignore[no-untyped-def]
+            result = _original(self, *args, **kwargs)
+            order.append(_tag)
+            return result
+
+        monkeypatch.setattr(cls, name, recorded)
+    backend = AlbatrossRWKV(str(tiny_checkpoint), 1, 8, prefill_chunk=5, overlap=True, device="cpu",
+                            state_store_factory=lambda fingerprint, device: StateCache(tmp_path / "s.sqlite3", fingerprint, device=device))  # fmt: skip
+    try:
+        rng = random.Random(3)
+        requests = [GenerationRequest([rng.randrange(1, 65530) for _ in range(rng.randint(3, 14))], SamplingParams(max_tokens=4, temperature=0.0, stop=()), state=StateRef(use_prefix_cache=True))
+                    for _ in range(8)]  # fmt: skip
+        collect(backend, requests)
+    finally:
+        backend.shutdown()
+    saves = [i for i, tag in enumerate(order) if tag == "save"]
+    assert len(saves) >= 8, order  # every prompt's end was saved
+    for at in saves:
+        issued, processed = order[:at].count("issue"), order[:at].count("process")
+        assert processed >= issued - 1, f"a save queued while {issued - processed} issued steps were unprocessed: {order[: at + 1]}"
+        last_process = max((i for i in range(at) if order[i] == "process"), default=-1)
+        assert last_process < 0 or "flush" in order[last_process:at], f"a save queued before the processed step's events were sent: {order[: at + 1]}"
