@@ -212,21 +212,40 @@ class GenerationDriver:
 
     async def _first_event(self) -> ChoiceEvent:
         """The first event, or ClientGone as soon as the client disconnects while the request still
-        waits for it (queued for a slot, or prefilling): closing the events then aborts the request
-        before it takes a slot. Nothing else reads the connection before the first event."""
-        events = asyncio.ensure_future(self._events.__anext__())
+        waits for it (queued for a slot, or prefilling): the read is cancelled then, which closes
+        the events and aborts the request before it takes a slot. Nothing else reads the
+        connection before the first event.
+
+        The events are read in this task, so the request reaches the backend before this task
+        yields. Read in a task of their own, they started only after every callback already in
+        the loop's queue: in a burst of 960 streams no request reached the engine before all 960
+        had been parsed (docs/performance.md, "Session 26"). The disconnect watcher runs beside
+        and cancels this task instead."""
+        task = asyncio.current_task()
+        assert task is not None
+        reading, left = True, False
+
+        def on_gone(watch: asyncio.Future[None]) -> None:
+            nonlocal left
+            if reading and not watch.cancelled() and watch.exception() is None:
+                left = True
+                task.cancel()
+
         gone = asyncio.ensure_future(_disconnected(self.request))
+        gone.add_done_callback(on_gone)
         try:
-            await asyncio.wait({events, gone}, return_when=asyncio.FIRST_COMPLETED)
-            if events.done():
-                return events.result()
-            raise ClientGone()
+            return await self._events.__anext__()
+        except asyncio.CancelledError:
+            if left:  # our own cancel: the client left
+                task.uncancel()
+                raise ClientGone() from None
+            raise
         finally:
-            for waiter in (events, gone):
-                if not waiter.done():
-                    waiter.cancel()
+            reading = False  # a disconnect from here on is for the stream to notice
+            if not gone.done():
+                gone.cancel()
             with anyio.CancelScope(shield=True):
-                await asyncio.gather(events, gone, return_exceptions=True)
+                await asyncio.gather(gone, return_exceptions=True)
 
     async def client_gone(self, new_tokens: int) -> bool:
         """Checks on the first event and then every `interval` tokens; cheap otherwise."""

@@ -204,3 +204,51 @@ def test_a_queued_request_whose_client_left_is_closed_before_it_starts_generatin
         assert app.state.context.admission.in_flight == 0
 
     run(scenario())
+
+
+def test_a_short_prompt_goes_from_encoding_to_the_backend_without_yielding_to_the_loop() -> None:
+    """In a burst every request's handler is queued on the loop at once, and a request that yields
+    between parsing and the backend waits there for all the others (session 26: the first of 960
+    reached the engine 1.2 s after the clients sent). A short prompt is encoded on the loop and the
+    request handed to the backend in the same go: a callback queued while it is encoded runs after."""
+    backend = GatedBackend(slots=4)
+    app = make_app(settings_with(), backend)
+    order: list[str] = []
+
+    def encode(text: str) -> list[int]:
+        asyncio.get_running_loop().call_soon(order.append, "a callback queued meanwhile")  # raises off the loop
+        return list(text.encode())
+
+    async def recorded(request: GenerationRequest) -> AsyncIterator[GenerationEvent]:
+        order.append("submitted")
+        async for event in GatedBackend.async_generate(backend, request):
+            yield event
+
+    backend.encode = encode  # type: ignore[method-assign]
+    backend.async_generate = recorded  # type: ignore[method-assign]
+
+    async def scenario() -> None:
+        body = json.dumps({"prompt": "x", "stream": True}).encode()
+        messages = [{"type": "http.request", "body": body, "more_body": False}]
+        disconnected = asyncio.Event()
+
+        async def receive() -> dict[str, object]:
+            if messages:
+                return messages.pop(0)
+            await disconnected.wait()
+            return {"type": "http.disconnect"}
+
+        async def send(message: dict[str, object]) -> None:
+            pass
+
+        scope = {"type": "http", "method": "POST", "path": "/v1/completions", "raw_path": b"/v1/completions", "root_path": "",
+                 "query_string": b"", "headers": [(b"content-type", b"application/json")], "http_version": "1.1",
+                 "scheme": "http", "server": ("test", 80), "client": ("c", 1), "asgi": {"version": "3.0"}, "state": {}}  # fmt: skip
+        call = asyncio.create_task(app(scope, receive, send))
+        await settle(lambda: backend.started and len(order) == 2)
+        backend.gate.set()
+        disconnected.set()
+        await asyncio.wait_for(call, timeout=30)
+
+    run(scenario())
+    assert order == ["submitted", "a callback queued meanwhile"], order

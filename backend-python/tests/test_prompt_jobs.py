@@ -10,7 +10,7 @@ from fastapi.testclient import TestClient
 
 from runner.errors import ApiError
 from runner.interface import END_OF_TEXT_TOKEN, SamplingParams, StateRef
-from runner.jobs import build_jobs, check_item_count, encode_prompts
+from runner.jobs import INLINE_ENCODE_CHARS, build_jobs, check_item_count, encode_prompts
 from runner_fakes import ScriptedBackend, make_app, settings_with
 
 
@@ -24,15 +24,22 @@ class ThreadRecordingBackend(ScriptedBackend):
         return super().encode(text)
 
 
-def test_prompts_are_encoded_off_the_event_loop_thread() -> None:
-    backend = ThreadRecordingBackend()
+def test_long_prompts_are_encoded_off_the_event_loop_and_short_ones_on_it() -> None:
+    """A long prompt would stall every stream while it is tokenized; a short one is quicker to
+    encode than a thread hop, which in a burst sends each request behind all the others."""
+    long_prompt = "x" * (INLINE_ENCODE_CHARS - 1)
 
-    async def run() -> tuple[list[list[int]], threading.Thread]:
-        return await encode_prompts(backend, ["ab", "c"], 100, "prompt"), threading.current_thread()
+    async def run(prompts: list[str]) -> tuple[list[list[int]], threading.Thread, list[threading.Thread]]:
+        backend = ThreadRecordingBackend()
+        return await encode_prompts(backend, prompts, 10**6, "prompt"), threading.current_thread(), backend.encoded_on
 
-    encoded, loop_thread = asyncio.run(run())
-    assert encoded == [[97, 98], [99]]
-    assert len(backend.encoded_on) == 2 and loop_thread not in backend.encoded_on
+    encoded, loop_thread, threads = asyncio.run(run(["ab", "c"]))
+    assert encoded == [[97, 98], [99]] and threads == [loop_thread, loop_thread]
+    encoded, loop_thread, threads = asyncio.run(run([long_prompt, "yz"]))  # one character over, in all
+    assert encoded == [[120] * len(long_prompt), [121, 122]]
+    assert len(threads) == 2 and loop_thread not in threads
+    _, loop_thread, threads = asyncio.run(run([long_prompt, "y"]))  # exactly the limit
+    assert threads == [loop_thread, loop_thread]
 
 
 def test_an_empty_prompt_starts_a_new_document_and_continues_a_loaded_state_as_is() -> None:
