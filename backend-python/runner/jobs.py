@@ -2,13 +2,15 @@
 
 Long prompts are encoded in a thread: tokenizing a 3 MiB prompt takes ~57 ms, which on the event
 loop would stall every other stream for as long. Short ones are encoded on the loop (a 200-word
-prompt takes ~16 us): a thread hop sends the request to the back of the loop's queue, so in a burst
-no request reached the engine before every other one had reached its own hop (the wave-1 burst on
-the simulated device: the first of 960 submitted 1.2 s after the clients sent, all of them within
-the last 0.13 s of that; docs/performance.md, "Session 26"). An empty prompt from a zero state becomes END_OF_TEXT_TOKEN
-alone: RWKV World documents begin after token 0, so the model writes a new document, which is what
-OpenAI documents for an empty prompt. After a loaded state an empty prompt stays empty: the state
-already holds the conversation (the backend decides whether there is anything to generate from).
+prompt takes ~16 us): a thread hop sends the request to the back of the loop's queue, so in a
+burst no request reached the engine before every other one had reached its own hop (the wave-1
+burst on the simulated device: the first of 960 submitted 1.2 s after the clients sent, all of
+them within the 0.13 s after that; docs/performance.md, "Session 26").
+
+An empty prompt from a zero state becomes END_OF_TEXT_TOKEN alone: RWKV World documents begin
+after token 0, so the model writes a new document, which is what OpenAI documents for an empty
+prompt. After a loaded state an empty prompt stays empty: the state already holds the
+conversation (the backend decides whether there is anything to generate from).
 """
 
 from __future__ import annotations
@@ -22,7 +24,8 @@ from runner.generation import ChoiceJob
 from runner.interface import END_OF_TEXT_TOKEN, AbstractRWKV, GenerationRequest, OutputConstraint, SamplingParams, StateRef
 
 # Prompts of at most this many characters in all are encoded on the event loop: ~0.6 ms at the
-# ~18 ns a character measured for 3 MiB, within what one SSE event's handling costs the loop.
+# ~18 ns a character measured for 3 MiB, a stall that streams decoding at ~36 ms a token (a full
+# batch) do not notice.
 INLINE_ENCODE_CHARS = 32_768
 
 
