@@ -147,13 +147,27 @@ async def one_stream(
     """One streaming request. `result` is filled as events arrive, so a caller that cancels the
     stream (a load's deadline) keeps what had come by then."""
     result = StreamResult() if result is None else result
+    await rows_stream(client, path, body, headers, [result])
+    return result
+
+
+async def rows_stream(client: httpx.AsyncClient, path: str, body: dict[str, object], headers: dict[str, str], results: list[StreamResult]) -> None:
+    """One streaming request whose events carry `len(results)` rows: a batch route's prompts, told
+    apart by `choices[].index` (one row: every choice is it). Each result is filled as its events
+    arrive; the server's usage count applies to a single row only."""
     start = time.perf_counter()
+
+    def fail(error: str) -> None:
+        for result in results:
+            result.error = error
+
     try:
         async with client.stream("POST", path, json=body, headers=headers) as response:
-            result.status = response.status_code
+            for result in results:
+                result.status = response.status_code
             if response.status_code != 200:
-                result.error = (await response.aread()).decode(errors="replace")[:200]
-                return result
+                fail((await response.aread()).decode(errors="replace")[:200])
+                return
             async for line in response.aiter_lines():
                 if not line.startswith("data: "):
                     continue
@@ -162,25 +176,26 @@ async def one_stream(
                     break
                 data = json.loads(payload)
                 if "error" in data:
-                    result.error = str(data["error"])[:200]
-                    return result
+                    fail(str(data["error"])[:200])
+                    return
                 usage = data.get("usage")
-                if usage:
-                    result.completion_tokens = int(usage.get("completion_tokens", 0))
+                if usage and len(results) == 1:
+                    results[0].completion_tokens = int(usage.get("completion_tokens", 0))
                 for choice in data.get("choices", []):
                     text = (choice.get("delta") or {}).get("content") or choice.get("text") or ""
                     if text:
                         now = time.perf_counter() - start
+                        result = results[int(choice.get("index", 0))] if len(results) > 1 else results[0]
                         if not result.chunk_times:
                             result.ttft_s = now
                         result.chunk_times.append(now)
                         result.chunk_tokens.append(1)
-        result.ok = True
-        if not result.completion_tokens:
-            result.completion_tokens = sum(result.chunk_tokens)
-    except (httpx.HTTPError, json.JSONDecodeError) as error:
-        result.error = f"{type(error).__name__}: {error}"
-    return result
+        for result in results:
+            result.ok = True
+            if not result.completion_tokens:
+                result.completion_tokens = sum(result.chunk_tokens)
+    except (httpx.HTTPError, json.JSONDecodeError, IndexError, ValueError) as error:
+        fail(f"{type(error).__name__}: {error}")
 
 
 def inter_token_gaps(result: StreamResult) -> list[float]:

@@ -30,7 +30,7 @@ from pathlib import Path
 
 import httpx
 
-from albatross_api_benchmark import StreamResult, inter_token_gaps, one_stream  # bench/ is the script's folder
+from albatross_api_benchmark import StreamResult, inter_token_gaps, one_stream, rows_stream  # bench/ is the script's folder
 
 WORDS = (
     "river engine quiet lantern orbit maple signal harbor copper meadow winter garden silver market "
@@ -201,7 +201,7 @@ async def _run_share(args: argparse.Namespace, share: list[tuple[PlannedRequest,
             try:
                 if args.dialect in BATCH_DIALECTS:
                     path, body = BATCH_DIALECTS[args.dialect]([r for r, _ in group], args.temperature)
-                    await batch_stream(client, path, body, headers, results)
+                    await rows_stream(client, path, body, headers, results)
                 else:
                     path, body = DIALECTS[args.dialect](group[0][0], args.temperature)
                     await one_stream(client, path, body, headers, results[0])
@@ -223,42 +223,6 @@ async def _run_share(args: argparse.Namespace, share: list[tuple[PlannedRequest,
             task.cancel()
         await asyncio.gather(*pending, return_exceptions=True)
     return outcomes
-
-
-async def batch_stream(
-    client: httpx.AsyncClient, path: str, body: dict[str, object], headers: dict[str, str], results: list[StreamResult]
-) -> None:
-    """One request of many prompts; `results[i]` gets row i's events (`choices[].index`) as they
-    arrive, so a deadline that cancels it leaves every row's tokens so far."""
-    start = time.perf_counter()
-    try:
-        async with client.stream("POST", path, json=body, headers=headers) as response:
-            for result in results:
-                result.status = response.status_code
-            if response.status_code != 200:
-                error = (await response.aread()).decode(errors="replace")[:200]
-                for result in results:
-                    result.error = error
-                return
-            async for line in response.aiter_lines():
-                if not line.startswith("data: "):
-                    continue
-                if line[6:] == "[DONE]":
-                    break
-                data = json.loads(line[6:])
-                now = time.perf_counter() - start
-                for choice in data.get("choices", []):
-                    if (choice.get("delta") or {}).get("content"):
-                        result = results[int(choice.get("index", 0))]
-                        result.ttft_s = result.ttft_s or now
-                        result.chunk_times.append(now)
-                        result.chunk_tokens.append(1)
-        for result in results:
-            result.ok = True
-            result.completion_tokens = sum(result.chunk_tokens)
-    except (httpx.HTTPError, json.JSONDecodeError, IndexError, ValueError) as error:
-        for result in results:
-            result.error = f"{type(error).__name__}: {error}"
 
 
 def _client_process(args: argparse.Namespace, share: list[tuple[PlannedRequest, float]], start_at: float) -> list[Outcome]:
@@ -317,10 +281,11 @@ def summarize(rate: float, outcomes: list[Outcome], requests: int, procs: int) -
     first = min((o.arrival_s for o in outcomes), default=0.0)
     last = max((o.arrival_s + o.send_lag_s + o.e2e_s for o in served if o.e2e_s > 0), default=first)
     wall = max(last - first, 1e-9)
+    unfinished = requests - len(done) - len(failed)  # the sent ones closed at the deadline, and any never sent
     return RateSummary(
         rate=rate, requests=requests, completed=len(done), failed=len(failed),
-        rejected=sum(1 for o in failed if o.status == 429), unfinished=requests - len(done) - len(failed),
-        no_first_token=requests - len(done) - len(failed) - sum(1 for o in open_ if o.ttft_s > 0),
+        rejected=sum(1 for o in failed if o.status == 429), unfinished=unfinished,
+        no_first_token=unfinished - sum(1 for o in open_ if o.ttft_s > 0),
         client_procs=procs, output_tokens=tokens, unfinished_tokens=sum(o.completion_tokens for o in open_),
         expected_tokens=sum(o.max_tokens for o in done), wall_s=wall, output_tokens_per_s=tokens / wall,
         completed_per_s=len(done) / wall,

@@ -8,12 +8,11 @@
 #       and .peers/wheels/ from `PEERS=1 bash backend-python/bench/fetch_gpu_wheels.sh`; carry
 #       [".whl", ".peers"]: with the ~30 MB tree they must stay under the device's 64 MiB, so leave
 #       out what the CUDA paths do not use: RWKV-Runner's get-pip.py, rwkv_pip/webgpu and
-#       rwkv_pip/cpp, and the py-spy wheel (~24 MB carried in session 25). Three servers, the
-#       peers' kernel builds included, do not fit one 600 s call (session 25's RATES=16,64
-#       DURATION=10 DRAIN=30 TIMEOUT=540 stopped during lightning's first rate): one peer a call,
-#       albatross,runner then albatross,lightning, with RATES=16 DURATION=8 DRAIN=20; with the deadline's
-#       partial counts (BURST_DRAIN=45) all three fit: session 26 ran them in 423 s). `lightning-batch`
-#       is rwkv_lightning through its batch route (the burst as requests of 480 prompts)
+#       rwkv_pip/cpp, and the py-spy wheel (~24 MB carried in session 25). All three servers fit
+#       one 600 s call with short windows: RATES=16 DURATION=8 DRAIN=20 BURST_DRAIN=45 ran in 423 s
+#       in session 26 (a peer slower than a window is measured by what it delivered in it).
+#       `lightning-batch` is rwkv_lightning through its batch route (the burst as requests of 480
+#       prompts); RATES=, runs the burst alone)
 # From the repository root, with the wheels of fastapi & co. carried in .whl/ (the GPU image has
 # no fastapi). Knobs: SHAPE (7.2b), RATES (4,16,64), BURST (960), DURATION (15), DRAIN (45), BURST_DRAIN (60),
 # WEIGHTS (an existing file instead of writing one), ARGS (more side_by_side.py flags).
