@@ -173,17 +173,19 @@ def test_with_overlap_the_previous_steps_results_go_out_before_this_steps_saves_
             return result
 
         monkeypatch.setattr(cls, name, recorded)
-    backend = AlbatrossRWKV(str(tiny_checkpoint), 1, 8, prefill_chunk=5, overlap=True, device="cpu",
+    # A budget of 10 prompt tokens a step ends the prompts in different steps, each behind a step in flight.
+    backend = AlbatrossRWKV(str(tiny_checkpoint), 1, 8, prefill_chunk=5, prefill_budget=10, overlap=True, device="cpu",
                             state_store_factory=lambda fingerprint, device: StateCache(tmp_path / "s.sqlite3", fingerprint, device=device))  # fmt: skip
     try:
         rng = random.Random(3)
-        requests = [GenerationRequest([rng.randrange(1, 65530) for _ in range(rng.randint(3, 14))], SamplingParams(max_tokens=4, temperature=0.0, stop=()), state=StateRef(use_prefix_cache=True))
+        requests = [GenerationRequest([rng.randrange(1, 65530) for _ in range(rng.randint(12, 30))], SamplingParams(max_tokens=4, temperature=0.0, stop=()), state=StateRef(use_prefix_cache=True))
                     for _ in range(8)]  # fmt: skip
         collect(backend, requests)
     finally:
         backend.shutdown()
     saves = [i for i, tag in enumerate(order) if tag == "save"]
     assert len(saves) >= 8, order  # every prompt's end was saved
+    assert any(order[:at].count("issue") >= 2 for at in saves), f"no save came behind a step in flight: {order}"
     for at in saves:
         issued, processed = order[:at].count("issue"), order[:at].count("process")
         assert processed >= issued - 1, f"a save queued while {issued - processed} issued steps were unprocessed: {order[: at + 1]}"
