@@ -180,6 +180,11 @@ class StatePool:
             source = tensor[:, src_slot : src_slot + 1]
             tensor.index_copy_(1, index, source.expand(-1, index.numel(), *source.shape[2:]).contiguous())
 
+    def view(self, slot: int) -> SlotState:
+        """One slot's state as views of the pool (no copy): what later steps write into the slot shows."""
+        self.check_slot(slot)
+        return SlotState(*(t[:, slot] for t in (self.att_shift, self.ffn_shift, self.wkv)))
+
     @torch.no_grad()
     def read(self, slot: int, device: str | torch.device | None = None) -> SlotState:
         """A copy of one slot's state on `device` (default: the host)."""

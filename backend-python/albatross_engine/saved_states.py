@@ -82,7 +82,7 @@ class SavedStates:
         self.metrics.record_prefix_lookup(task.cached_prompt_tokens)
 
     def save_prefix(self, row: Row) -> None:
-        self._save_prefix(row.task, row.stop, lambda: self.device_step.read_state(row.slot))
+        self._save_prefix(row.task, row.stop, lambda: self.device_step.live_state(row.slot))
 
     def save_prefix_state(self, task: EngineTask, length: int, state: SlotState) -> None:
         """A prefix state the forward captured (the store keeps a copy: `state` is the step's buffer)."""
@@ -104,5 +104,5 @@ class SavedStates:
         assert task.save_key is not None
         if self.store is None:
             raise BackendError(400, "this albatross engine has no state cache")
-        self.store.put(task.save_key, self.device_step.read_state(task.slot))
+        self.store.put(task.save_key, self.device_step.live_state(task.slot))
         self.metrics.record_state_save()

@@ -31,7 +31,11 @@ class StateStore(interface.StateStore, Protocol):
         """A copy of the state saved under `key` (the caller may write into it), or None."""
         ...
 
-    def put(self, key: str, state: SlotState) -> None: ...
+    def put(self, key: str, state: SlotState) -> None:
+        """Keep a copy of `state`, taken before returning (on a GPU: queued on the current stream).
+        `state` may be views of a running slot (`DeviceStep.live_state`) that the next step
+        overwrites, so a copy read later, or on another stream, would see the wrong state."""
+        ...
 
 
 def token_bytes(token_ids: Sequence[int]) -> bytes:

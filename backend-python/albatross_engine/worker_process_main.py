@@ -39,7 +39,7 @@ from albatross_engine import process_boundary as wire
 from albatross_engine.config import AlbatrossBackendConfig
 from albatross_engine.initial_state import EngineInitialState
 from albatross_engine.model_specs import model_loader
-from albatross_engine.state_cache.records import copy_to_host
+from albatross_engine.state_cache.records import copy_state, copy_to_host
 from albatross_engine.state_store import StateStore
 from albatross_engine.tasks import EngineTask, EventChannel, EventItem, EventOutbox, RemoteChannel
 from albatross_engine.worker import DeviceStepFactory, Worker
@@ -88,6 +88,10 @@ class ServerLink:
         self._queue.put(message)
 
     def send_put(self, key: str, state: SlotState) -> None:
+        if state.device.type == "cuda":
+            # A snapshot on the current stream first: the copy stream reads after the put returns,
+            # when `state` may be a running slot's views (StateStore.put) that the next step rewrites.
+            state = copy_state(state, state.device)
         host, landed = copy_to_host(state)  # pinned, without waiting for the step in flight
         self._queue.put(_Put(key, host, landed))
 

@@ -179,8 +179,8 @@ class SimulatedDeviceStep:
     def copy_slot(self, source: int, targets: list[int]) -> None:
         self.pool.copy(source, targets)
 
-    def read_state(self, slot: int) -> SlotState:
-        return self.pool.read(slot)
+    def live_state(self, slot: int) -> SlotState:
+        return self.pool.view(slot)
 
     def write_state(self, slot: int, state: SlotState) -> None:
         self.pool.write(slot, state)

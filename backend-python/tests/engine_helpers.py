@@ -46,7 +46,7 @@ class RecordingDeviceStep:
     def write_state(self, slot: int, state: object) -> None:
         self.states[slot] = state
 
-    def read_state(self, slot: int) -> object:
+    def live_state(self, slot: int) -> object:
         return self.states.get(slot, f"state of slot {slot}")
 
     def reset_slots(self, slots: list[int]) -> None:
