@@ -70,9 +70,9 @@ class SavedStates:
         # Prompts fed from a state file's state have their own keys (initial_state.py).
         salt = b"" if task.initial_state is None else task.initial_state.prefix_salt
         task.prefix_hasher = PrefixHasher(task.prompt_tokens, salt)
-        lengths = prefix_lookup_lengths(task.prompt_len, self.prompt_ends.below(task.prompt_len))
         lookup = PrefixHasher(task.prompt_tokens, salt)  # hashes left to right: the keys come shortest first
-        keys = [(length, lookup.key_at(length)) for length in reversed(lengths)]
+        ends = self.prompt_ends.below(lookup.head, task.prompt_len)
+        keys = [(length, lookup.key_at(length)) for length in reversed(prefix_lookup_lengths(task.prompt_len, ends))]
         for length, key in reversed(keys):
             state = store.get(key) if store.contains(key) else None
             if state is not None:
@@ -96,7 +96,7 @@ class SavedStates:
                 self.store.put(key, state())
                 self.metrics.record_state_save()
             if length == task.prompt_len:
-                self.prompt_ends.add(length)
+                self.prompt_ends.add(task.prefix_hasher.head, length)
         except Exception:
             logger.exception("saving a prefix state failed")
 

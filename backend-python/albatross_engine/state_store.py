@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from albatross.state import SlotState
 
 PREFIX_BOUNDARY_TOKENS = 256  # prompts are checkpointed every this many tokens and at their end
+PROMPT_HEAD_TOKENS = 16  # prompt ends are indexed by the prefix key of this many first tokens
 
 
 @runtime_checkable
@@ -56,12 +57,17 @@ class PrefixHasher:
     A `salt` (the id of the state the prompt starts from, when not zeros) is hashed first, so
     prompts fed from different starting states never share a key."""
 
-    __slots__ = ("_hash", "_tokens", "_length")
+    __slots__ = ("_hash", "_tokens", "_length", "head")
 
     def __init__(self, tokens: Sequence[int], salt: bytes = b"") -> None:
         self._hash = hashlib.sha256(salt)
         self._tokens = tokens
         self._length = 0
+        self.head: str | None = None  # the key at PROMPT_HEAD_TOKENS, what PromptEndIndex groups by
+        if len(tokens) >= PROMPT_HEAD_TOKENS:
+            head = self._hash.copy()
+            head.update(token_bytes(tokens[:PROMPT_HEAD_TOKENS]))
+            self.head = PREFIX_CACHE_KEY_PREFIX + head.hexdigest()
 
     @property
     def length(self) -> int:
@@ -109,25 +115,43 @@ def _clone(state: SlotState) -> SlotState:
 
 
 class PromptEndIndex:
-    """Lengths of prompts whose end state was saved, newest last (bounded). A prompt's end is
-    rarely a multiple of the boundary, so lookups also try these lengths: a conversation's next
-    prompt usually extends the previous one."""
+    """Lengths of prompts whose end state was saved, grouped by the prompt's head: the prefix key
+    of its first `PROMPT_HEAD_TOKENS` tokens (None for shorter prompts), newest last, bounded in
+    all. A prompt's end is rarely a multiple of the boundary, so lookups also try these lengths: a
+    conversation's next prompt usually extends the previous one, and so starts with its head.
+    Only ends under the prompt's own head (and the few short ones) are worth a store lookup: with
+    one list for every prompt, each admission of a 960-prompt burst looked up ~28 unrelated ends,
+    and a long prompt up to the whole capacity (docs/performance.md, "Session 27")."""
 
     def __init__(self, capacity: int = 4096) -> None:
-        self._lengths: dict[int, None] = {}
+        self._entries: dict[tuple[str | None, int], None] = {}  # in order of use, oldest first
+        self._by_head: dict[str | None, set[int]] = {}
         self._capacity = capacity
         self._lock = threading.Lock()
 
-    def add(self, length: int) -> None:
+    def add(self, head: str | None, length: int) -> None:
+        """`head`: the prompt's prefix key at `PROMPT_HEAD_TOKENS`, None when it is shorter."""
+        if (head is None) != (length < PROMPT_HEAD_TOKENS):
+            raise ValueError(f"a prompt end of {length} tokens is indexed {'without' if head is None else 'with'} a head")
         with self._lock:
-            self._lengths.pop(length, None)
-            self._lengths[length] = None
-            while len(self._lengths) > self._capacity:
-                del self._lengths[next(iter(self._lengths))]
+            self._entries.pop((head, length), None)
+            self._entries[(head, length)] = None
+            self._by_head.setdefault(head, set()).add(length)
+            while len(self._entries) > self._capacity:
+                old_head, old_length = next(iter(self._entries))
+                del self._entries[(old_head, old_length)]
+                lengths = self._by_head[old_head]
+                lengths.discard(old_length)
+                if not lengths:
+                    del self._by_head[old_head]
 
-    def below(self, limit: int) -> list[int]:
+    def below(self, head: str | None, limit: int) -> list[int]:
+        """Ends below `limit` of prompts that start like this one: those under `head` (the
+        prompt's own, None when it is shorter than the head) and those shorter than a head."""
         with self._lock:
-            return [length for length in self._lengths if length < limit]
+            short = [length for length in self._by_head.get(None, ()) if length < limit]
+            same = [length for length in self._by_head.get(head, ()) if length < limit] if head is not None else []
+        return short + same
 
 
 def prefix_lookup_lengths(prompt_len: int, known_ends: list[int], boundary: int = PREFIX_BOUNDARY_TOKENS) -> list[int]:

@@ -7,7 +7,7 @@ import pytest
 from albatross_engine.metrics import WorkerMetrics
 from albatross_engine.saved_states import SavedStates
 from albatross_engine.scheduler import Row, RowKind
-from albatross_engine.state_store import DictStateStore, PrefixHasher, PromptEndIndex, prefix_key
+from albatross_engine.state_store import PROMPT_HEAD_TOKENS, DictStateStore, PrefixHasher, PromptEndIndex, prefix_key
 from albatross_engine.tasks import EngineTask, SyncChannel
 from engine_helpers import RecordingDeviceStep
 from runner.interface import BackendError, SamplingParams
@@ -59,10 +59,63 @@ def test_a_saved_prompt_end_is_looked_up_and_a_whole_prompt_hit_is_not_used() ->
     store.put(prefix_key(task.prompt_tokens[:290]), "after 290")  # type: ignore[arg-type]
     store.put(prefix_key(task.prompt_tokens), "after all 300")  # type: ignore[arg-type]
     saved, device, _ = make(store)
-    saved.prompt_ends.add(290)
-    saved.prompt_ends.add(300)
+    head = prefix_key(task.prompt_tokens[:PROMPT_HEAD_TOKENS])
+    saved.prompt_ends.add(head, 290)
+    saved.prompt_ends.add(head, 300)
     saved.prepare(task)
     assert device.states == {0: "after 290"} and task.prompt_pos == 290
+
+
+class CountingStore(DictStateStore):
+    def __init__(self) -> None:
+        super().__init__()
+        self.asked: list[str] = []
+
+    def contains(self, key: str) -> bool:
+        self.asked.append(key)
+        return super().contains(key)
+
+
+def test_only_the_ends_of_prompts_that_start_alike_are_looked_up() -> None:
+    """A burst of unrelated prompts: each admission asks the store about its own boundaries and
+    the ends of prompts sharing its head (plus the few shorter than a head), not every end saved."""
+    store = CountingStore()
+    saved, device, _ = make(store)
+    for n, length in enumerate(range(200, 400, 2)):  # 100 unrelated prompts' ends, saved
+        other = EngineTask([1000 + n, *range(2, length + 1)], SamplingParams(max_tokens=4), seed=1, channel=SyncChannel(), use_prefix_cache=True)  # type: ignore[arg-type]
+        saved.prepare(other)
+        saved.save_prefix_state(other, length, "an unrelated end")  # type: ignore[arg-type]
+    for length in (5, 9):  # short prompts' ends: any prompt may extend them
+        short = make_task(length, use_prefix_cache=True)
+        saved.prepare(short)
+        saved.save_prefix_state(short, length, f"after {length}")  # type: ignore[arg-type]
+    earlier = make_task(300, use_prefix_cache=True)  # a conversation's previous turn
+    saved.prepare(earlier)
+    saved.save_prefix_state(earlier, 300, "after 300")  # type: ignore[arg-type]
+    store.asked.clear()
+    task = make_task(700, use_prefix_cache=True)
+    saved.prepare(task)
+    assert device.states[0] == "after 300" and task.prompt_pos == 300
+    assert store.asked == [prefix_key(task.prompt_tokens[:n]) for n in (512, 300)], "a boundary, then this head's end (a hit)"
+    store.asked.clear()
+    other_head = EngineTask([*range(1, 10), *range(5000, 5100)], SamplingParams(max_tokens=4), seed=1, channel=SyncChannel(), slot=1, use_prefix_cache=True)  # type: ignore[arg-type]
+    saved.prepare(other_head)
+    assert device.states[1] == "after 9" and store.asked == [prefix_key(other_head.prompt_tokens[:9])], "a short end, whatever the head"
+
+
+def test_an_end_is_indexed_under_its_head_and_a_short_end_under_none() -> None:
+    ends = PromptEndIndex(capacity=3)
+    ends.add("head-a", 40)
+    ends.add(None, 7)
+    ends.add("head-b", 50)
+    assert sorted(ends.below("head-a", 1000)) == [7, 40] and sorted(ends.below("head-b", 45)) == [7]
+    assert ends.below(None, 5) == [], "a short end serves longer prompts only"
+    ends.add("head-b", 60)  # over capacity: the oldest entry (head-a's 40) goes
+    assert sorted(ends.below("head-a", 1000)) == [7] and sorted(ends.below("head-b", 1000)) == [7, 50, 60]
+    with pytest.raises(ValueError):
+        ends.add(None, PROMPT_HEAD_TOKENS)
+    with pytest.raises(ValueError):
+        ends.add("head-a", PROMPT_HEAD_TOKENS - 1)
 
 
 def test_no_cached_prefix_is_a_counted_miss_from_a_zero_state() -> None:
@@ -83,7 +136,7 @@ def test_a_prefix_checkpoint_is_saved_once_under_its_key_and_a_prompt_end_is_rem
     saved.save_prefix(Row(task, 1, RowKind.PREFILL, start=256, stop=300))
     assert store.get(prefix_key(task.prompt_tokens[:256])) == "after 256"
     assert store.get(prefix_key(task.prompt_tokens)) == "after 300"
-    assert saved.prompt_ends.below(1000) == [300], "only a prompt's end is a length worth remembering"
+    assert saved.prompt_ends.below(prefix_key(task.prompt_tokens[:PROMPT_HEAD_TOKENS]), 1000) == [300], "only a prompt's end is a length worth remembering"
     assert metrics.snapshot().state_saves == 2
 
 
