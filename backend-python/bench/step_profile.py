@@ -10,6 +10,11 @@ after the step's work is queued. After the run:
 Steps are grouped by kind (decode-only, or with prompt chunks) and, for the mixed steps, a
 least-squares fit `ms = a + b * prefill_tokens + c * decode_rows` says what a prompt token and a
 riding decode row cost.
+
+Two host-side figures say where a gap comes from: the host time from the end of one step's issue
+to the start of the next (results processed, saves queued, admission, planning), and the caching
+allocator's retries and device frees during a step's issue (`torch.cuda.memory_stats`): a free
+makes the host wait for the whole device, which torch's sync debug mode does not report.
 """
 
 from __future__ import annotations
@@ -23,6 +28,11 @@ import torch
 from albatross.model import RWKV7
 from albatross_engine.device_step import DeviceStep
 from albatross_engine.scheduler import RowKind
+
+
+def _allocator_counts() -> tuple[int, int]:
+    stats = torch.cuda.memory_stats()
+    return int(stats.get("num_alloc_retries", 0)), int(stats.get("num_device_free", 0))
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +54,9 @@ class _Step:
     host_ms: float  # Python time spent queuing the step
     forward_host_ms: float  # of which inside the model's eager forward (mixed steps)
     sample_host_ms: float  # of which inside the sampler call
+    between_ms: float  # host time from the previous step's issue returning to this one's start
+    alloc_retries: int  # the caching allocator's retries (each frees cached blocks: a device sync)
+    device_frees: int  # cudaFree calls (each waits for the whole device)
     decode_rows: int
     prefill_tokens: int
     longest_chunk: int
@@ -60,6 +73,7 @@ class StepProfiler:
         # it is either slow Python or waiting on the device somewhere inside (bench_server.py
         # --sync-debug names such waits).
         spent = {"forward": 0.0, "sample": 0.0}
+        issue_returned: list[float] = []  # the previous issue's end (host clock)
 
         def timed(name: str, call):  # type: ignore[no-untyped-def]
             def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -79,12 +93,18 @@ class StepProfiler:
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
             spent["forward"] = spent["sample"] = 0.0
+            before = _allocator_counts()
             began = time.perf_counter()
             issued = original(plan)
-            host_ms = 1000 * (time.perf_counter() - began)
+            returned = time.perf_counter()
+            host_ms = 1000 * (returned - began)
             end.record()
+            after = _allocator_counts()
+            between_ms = 1000 * (began - issue_returned[0]) if issue_returned else 0.0
+            issue_returned[:] = [returned]
             chunks = [row.stop - row.start for row in plan.rows if row.kind is RowKind.PREFILL]
-            step = _Step(start, end, host_ms, spent["forward"], spent["sample"], plan.decode_tokens, plan.prefill_tokens, max(chunks, default=0))
+            step = _Step(start, end, host_ms, spent["forward"], spent["sample"], between_ms, after[0] - before[0], after[1] - before[1],
+                         plan.decode_tokens, plan.prefill_tokens, max(chunks, default=0))  # fmt: skip
             with self._lock:
                 self._steps.append(step)
             return issued
@@ -121,6 +141,9 @@ class StepProfiler:
                 "host_ms": sum(steps[i].host_ms for i in idx) / n,
                 "forward_host_ms": sum(steps[i].forward_host_ms for i in idx) / n,
                 "sample_host_ms": sum(steps[i].sample_host_ms for i in idx) / n,
+                "between_host_ms": sum(steps[i].between_ms for i in idx) / n,
+                "alloc_retries": sum(steps[i].alloc_retries for i in idx),
+                "device_frees": sum(steps[i].device_frees for i in idx),
                 "decode_rows": sum(steps[i].decode_rows for i in idx) / n,
                 "prefill_tokens": sum(steps[i].prefill_tokens for i in idx) / n,
                 "longest_chunk": sum(steps[i].longest_chunk for i in idx) / n,
