@@ -30,9 +30,11 @@ from albatross_engine.device_step import DeviceStep
 from albatross_engine.scheduler import RowKind
 
 
-def _allocator_counts() -> tuple[int, int]:
+def _allocator_counts() -> tuple[int, int, int]:
+    """The caching allocator's retries, device frees and whole-device syncs so far (each of the
+    last two waits for everything queued)."""
     stats = torch.cuda.memory_stats()
-    return int(stats.get("num_alloc_retries", 0)), int(stats.get("num_device_free", 0))
+    return tuple(int(stats.get(name, 0)) for name in ("num_alloc_retries", "num_device_free", "num_sync_all_streams"))  # type: ignore[return-value]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +59,7 @@ class _Step:
     between_ms: float  # host time from the previous step's issue returning to this one's start
     alloc_retries: int  # the caching allocator's retries (each frees cached blocks: a device sync)
     device_frees: int  # cudaFree calls (each waits for the whole device)
+    allocator_syncs: int  # the allocator's syncs of every stream (releasing cached blocks)
     decode_rows: int
     prefill_tokens: int
     longest_chunk: int
@@ -103,7 +106,7 @@ class StepProfiler:
             between_ms = 1000 * (began - issue_returned[0]) if issue_returned else 0.0
             issue_returned[:] = [returned]
             chunks = [row.stop - row.start for row in plan.rows if row.kind is RowKind.PREFILL]
-            step = _Step(start, end, host_ms, spent["forward"], spent["sample"], between_ms, after[0] - before[0], after[1] - before[1],
+            step = _Step(start, end, host_ms, spent["forward"], spent["sample"], between_ms, after[0] - before[0], after[1] - before[1], after[2] - before[2],
                          plan.decode_tokens, plan.prefill_tokens, max(chunks, default=0))  # fmt: skip
             with self._lock:
                 self._steps.append(step)
@@ -144,6 +147,7 @@ class StepProfiler:
                 "between_host_ms": sum(steps[i].between_ms for i in idx) / n,
                 "alloc_retries": sum(steps[i].alloc_retries for i in idx),
                 "device_frees": sum(steps[i].device_frees for i in idx),
+                "allocator_syncs": sum(steps[i].allocator_syncs for i in idx),
                 "decode_rows": sum(steps[i].decode_rows for i in idx) / n,
                 "prefill_tokens": sum(steps[i].prefill_tokens for i in idx) / n,
                 "longest_chunk": sum(steps[i].longest_chunk for i in idx) / n,
