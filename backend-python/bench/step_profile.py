@@ -60,6 +60,7 @@ class _Step:
     alloc_retries: int  # the caching allocator's retries (each frees cached blocks: a device sync)
     device_frees: int  # cudaFree calls (each waits for the whole device)
     allocator_syncs: int  # the allocator's syncs of every stream (releasing cached blocks)
+    allocator_between: int  # retries, frees and syncs from the previous issue's return to this one
     decode_rows: int
     prefill_tokens: int
     longest_chunk: int
@@ -77,6 +78,7 @@ class StepProfiler:
         # --sync-debug names such waits).
         spent = {"forward": 0.0, "sample": 0.0}
         issue_returned: list[float] = []  # the previous issue's end (host clock)
+        counts_returned: list[tuple[int, int, int]] = []  # the allocator's counts then
 
         def timed(name: str, call):  # type: ignore[no-untyped-def]
             def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -104,9 +106,10 @@ class StepProfiler:
             end.record()
             after = _allocator_counts()
             between_ms = 1000 * (began - issue_returned[0]) if issue_returned else 0.0
-            issue_returned[:] = [returned]
+            between = sum(before) - sum(counts_returned[0]) if counts_returned else 0
+            issue_returned[:], counts_returned[:] = [returned], [after]
             chunks = [row.stop - row.start for row in plan.rows if row.kind is RowKind.PREFILL]
-            step = _Step(start, end, host_ms, spent["forward"], spent["sample"], between_ms, after[0] - before[0], after[1] - before[1], after[2] - before[2],
+            step = _Step(start, end, host_ms, spent["forward"], spent["sample"], between_ms, after[0] - before[0], after[1] - before[1], after[2] - before[2], between,
                          plan.decode_tokens, plan.prefill_tokens, max(chunks, default=0))  # fmt: skip
             with self._lock:
                 self._steps.append(step)
@@ -148,6 +151,7 @@ class StepProfiler:
                 "alloc_retries": sum(steps[i].alloc_retries for i in idx),
                 "device_frees": sum(steps[i].device_frees for i in idx),
                 "allocator_syncs": sum(steps[i].allocator_syncs for i in idx),
+                "allocator_between": sum(steps[i].allocator_between for i in idx),
                 "decode_rows": sum(steps[i].decode_rows for i in idx) / n,
                 "prefill_tokens": sum(steps[i].prefill_tokens for i in idx) / n,
                 "longest_chunk": sum(steps[i].longest_chunk for i in idx) / n,

@@ -12,14 +12,15 @@ def print_report(report: dict[str, object], label: str = "") -> None:
     print(f"\nstep profile{label}: {report['steps']} steps, {report['total_s']:.2f} s from the first step's start to the last's end; "
           f"GPU idle between steps {report['idle_between_steps_s']:.2f} s")  # fmt: skip
     print(f"{'kind':>14}{'steps':>7}{'GPU s':>8}{'ms/step':>9}{'gap ms':>8}{'host ms':>9}{'forward':>9}{'sample':>8}"
-          f"{'before':>8}{'retries':>9}{'frees':>7}{'syncs':>7}{'decode rows':>13}{'prefill tok':>13}{'chunk':>7}")  # fmt: skip
+          f"{'before':>8}{'retries':>9}{'frees':>7}{'syncs':>7}{'b.waits':>9}{'decode rows':>13}{'prefill tok':>13}{'chunk':>7}")  # fmt: skip
     for key, row in report["groups"].items():  # type: ignore[attr-defined]
         # forward, sample: the host ms spent inside the model's eager forward and the sampler call;
         # before: host ms from the previous issue's return to this one's start; retries, frees,
-        # syncs: the allocator's, summed over the group's steps (frees and syncs wait for the device)
+        # syncs: the allocator's during the issue, summed over the group's steps (frees and syncs wait
+        # for the device); b.waits: all three from the previous issue's return to this one's start
         print(f"{key:>14}{row['steps']:>7}{row['gpu_s']:>8.2f}{row['ms_per_step']:>9.1f}{row['gap_ms']:>8.2f}{row['host_ms']:>9.1f}"
               f"{row.get('forward_host_ms', 0.0):>9.1f}{row.get('sample_host_ms', 0.0):>8.1f}"
-              f"{row.get('between_host_ms', 0.0):>8.1f}{row.get('alloc_retries', 0):>9}{row.get('device_frees', 0):>7}{row.get('allocator_syncs', 0):>7}"
+              f"{row.get('between_host_ms', 0.0):>8.1f}{row.get('alloc_retries', 0):>9}{row.get('device_frees', 0):>7}{row.get('allocator_syncs', 0):>7}{row.get('allocator_between', 0):>9}"
               f"{row['decode_rows']:>13.0f}{row['prefill_tokens']:>13.0f}{row['longest_chunk']:>7.0f}")  # fmt: skip
     fit = report.get("mixed_fit")
     if isinstance(fit, dict):
