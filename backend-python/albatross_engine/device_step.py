@@ -178,8 +178,8 @@ class DeviceStep:
 
     def live_state(self, slot: int) -> SlotState:
         """The slot's state as views of the pool, for a store's `put` (which copies it at once, on
-        the current stream, after every issued step). Not a copy: a 7.2B burst's mixed step saves
-        ~64 prompt ends, and a copy here doubled each save's launches into a full launch queue."""
+        the current stream, after every issued step). Not a copy: `put` copied a copy made here,
+        twice the launches and device traffic for each of a 7.2B burst step's ~64 prompt-end saves."""
         return self.pool.view(slot)
 
     def forget_last_step(self, step: IssuedStep | None = None) -> None:
