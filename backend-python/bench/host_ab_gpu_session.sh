@@ -6,7 +6,7 @@
 # allocator's waits) printed for each. Sides alternate in $ORDER, so a drifting card shows.
 #   SIDES="base=gpu_scratch/overlays/base" ORDER="tree base tree base" bash backend-python/bench/host_ab_gpu_session.sh
 # (repository root; .whl/ and the overlay folders carried). A side is NAME=DIR[+DIR...]: the
-# files under each DIR (relative to the repository root, laid out as under backend-python/) are
+# files under each DIR (relative to the repository root or absolute, laid out as under backend-python/) are
 # copied over that side's copy in order; "tree" is the tree as it is. bench/make_host_overlay.sh
 # writes a DIR from a commit (the device has no git).
 # Knobs: ORDER (default "tree base tree base"), SHAPE (7.2b), STRATEGY ("albatross workers=1
@@ -31,9 +31,10 @@ for name in "${!overlays[@]}"; do
   rm -rf "$copy" && cp -r "$root/backend-python" "$copy"
   IFS='+' read -ra dirs <<<"${overlays[$name]}"
   for dir in "${dirs[@]}"; do
-    [ -d "$root/$dir" ] || { echo "side $name: no folder $dir" | tee -a "$log"; exit 2; }
-    cp -r "$root/$dir/." "$copy/"
-    echo "side $name: $(find "$root/$dir" -type f | wc -l) files from $dir" | tee -a "$log"
+    [[ $dir = /* ]] || dir="$root/$dir"
+    [ -d "$dir" ] || { echo "side $name: no folder $dir" | tee -a "$log"; exit 2; }
+    cp -r "$dir/." "$copy/"
+    echo "side $name: $(find "$dir" -type f | wc -l) files from $dir" | tee -a "$log"
   done
 done
 
