@@ -13,8 +13,9 @@ riding decode row cost.
 
 Two host-side figures say where a gap comes from: the host time from the end of one step's issue
 to the start of the next (results processed, saves queued, admission, planning), and the caching
-allocator's retries and device frees during a step's issue (`torch.cuda.memory_stats`): a free
-makes the host wait for the whole device, which torch's sync debug mode does not report.
+allocator's retries, device frees and whole-device syncs (`torch.cuda.memory_stats`) during a
+step's issue and between issues: a free or a sync makes the host wait for the whole device, which
+torch's sync debug mode does not report.
 """
 
 from __future__ import annotations
@@ -77,8 +78,7 @@ class StepProfiler:
         # it is either slow Python or waiting on the device somewhere inside (bench_server.py
         # --sync-debug names such waits).
         spent = {"forward": 0.0, "sample": 0.0}
-        issue_returned: list[float] = []  # the previous issue's end (host clock)
-        counts_returned: list[tuple[int, int, int]] = []  # the allocator's counts then
+        returned_at: list[tuple[float, tuple[int, int, int]]] = []  # the previous issue's end: host clock, allocator counts
 
         def timed(name: str, call):  # type: ignore[no-untyped-def]
             def wrapper(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -105,9 +105,8 @@ class StepProfiler:
             host_ms = 1000 * (returned - began)
             end.record()
             after = _allocator_counts()
-            between_ms = 1000 * (began - issue_returned[0]) if issue_returned else 0.0
-            between = sum(before) - sum(counts_returned[0]) if counts_returned else 0
-            issue_returned[:], counts_returned[:] = [returned], [after]
+            between_ms, between = (1000 * (began - returned_at[0][0]), sum(before) - sum(returned_at[0][1])) if returned_at else (0.0, 0)
+            returned_at[:] = [(returned, after)]
             chunks = [row.stop - row.start for row in plan.rows if row.kind is RowKind.PREFILL]
             step = _Step(start, end, host_ms, spent["forward"], spent["sample"], between_ms, after[0] - before[0], after[1] - before[1], after[2] - before[2], between,
                          plan.decode_tokens, plan.prefill_tokens, max(chunks, default=0))  # fmt: skip
