@@ -7,7 +7,7 @@ change. What the store kept must be the state as it was at `put`."""
 from __future__ import annotations
 
 import pickle
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from multiprocessing import Pipe
 from pathlib import Path
 
@@ -71,18 +71,10 @@ def test_a_pool_view_is_the_slot_without_a_copy(tiny_checkpoint: Path) -> None:
         pool.view(3)
 
 
-@pytest.fixture
-def caches() -> Iterator[list[StateCache]]:
-    opened: list[StateCache] = []
-    yield opened
-    for cache in opened:
-        cache.close()
-
-
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("store_kind", ["dict", "tiered", "tiered, demoted to host", "worker-process link"])
 def test_put_keeps_the_state_as_it_was_when_the_slot_is_rewritten_right_after(
-    tiny_checkpoint: Path, tmp_path: Path, caches: list[StateCache], device: str, store_kind: str
+    tiny_checkpoint: Path, tmp_path: Path, open_caches: list[StateCache], device: str, store_kind: str
 ) -> None:
     pool = _pool(tiny_checkpoint, device)
     expected = _host(pool.read(2))
@@ -104,7 +96,7 @@ def test_put_keeps_the_state_as_it_was_when_the_slot_is_rewritten_right_after(
             one = pool.bytes_per_slot
             l1 = 0 if "demoted" in store_kind else 4 * one  # no room in L1: the put lands in host memory at once
             store = StateCache(tmp_path / "s.sqlite3", "model-a", device=device, l1_bytes=l1, l2_bytes=4 * one)
-            caches.append(store)
+            open_caches.append(store)
         _hold_copy_stream(pool)
         store.put(KEY, pool.view(2))
         _rewrite_slot(pool, 2)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import sqlite3
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,14 +44,6 @@ def tiers(cache: StateCache) -> dict[str, str]:
 @pytest.fixture
 def db_path(tmp_path: Path) -> Path:
     return tmp_path / "states.sqlite3"
-
-
-@pytest.fixture
-def open_caches() -> Iterator[list[StateCache]]:
-    caches: list[StateCache] = []
-    yield caches
-    for cache in caches:
-        cache.close()
 
 
 @pytest.fixture
