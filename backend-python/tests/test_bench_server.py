@@ -53,7 +53,6 @@ def test_http_benchmark_against_the_simulated_device_reports_each_level(tmp_path
         log.close()
 
 
-
 def test_sync_debug_prints_each_distinct_waiting_stack_once() -> None:
     """--sync-debug: torch's warning for a call that waits on the GPU is printed with its stack,
     once per distinct stack; other warnings go their usual way."""
@@ -63,19 +62,15 @@ def test_sync_debug_prints_each_distinct_waiting_stack_once() -> None:
     import bench_server
 
     out = io.StringIO()
-    saved = warnings.showwarning
-    with warnings.catch_warnings():
-        try:
-            bench_server.log_synchronizing_calls(out)
+    with warnings.catch_warnings():  # puts back showwarning and the filters
+        bench_server.log_synchronizing_calls(out)
 
-            def waits() -> None:
-                warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
+        def waits() -> None:
+            warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)
 
-            for _ in range(3):
-                waits()
-            warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)  # another place
-        finally:
-            warnings.showwarning = saved
+        for _ in range(3):
+            waits()
+        warnings.warn("called a synchronizing CUDA operation", UserWarning, stacklevel=1)  # another place
     printed = out.getvalue()
     assert printed.count("[sync-debug] called a synchronizing CUDA operation") == 2
     assert any(line.strip().endswith(" waits") and "test_bench_server.py" in line for line in printed.splitlines())
