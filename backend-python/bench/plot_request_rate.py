@@ -32,7 +32,10 @@ def _rated(run: dict) -> list[dict]:
 
 
 def plot(runs: list[dict], output: Path) -> list[Path]:
-    """Write request_rate_latency.png and request_rate_throughput.png into `output`."""
+    """Write request_rate_latency.png and request_rate_throughput.png into `output`; nothing when
+    no run has a Poisson load (a burst alone: `side_by_side.py --rates ,`)."""
+    if not any(_rated(run) for run in runs):
+        return []
     output.mkdir(parents=True, exist_ok=True)
     colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
     figure, axes = plt.subplots(1, len(PANELS), figsize=(15, 4.5))
@@ -78,8 +81,11 @@ def main(argv: list[str] | None = None) -> None:
     for path in args.results:
         data = json.loads(path.read_text())
         runs.extend(data["servers"] if "servers" in data else [data])  # side_by_side.py writes several
-    for path in plot(runs, args.output):
+    written = plot(runs, args.output)
+    for path in written:
         print(f"wrote {path}")
+    if not written:
+        print("no plots: no server ran a Poisson load (a burst has no place on a rate axis)")
 
 
 if __name__ == "__main__":

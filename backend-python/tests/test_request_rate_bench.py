@@ -126,6 +126,15 @@ def test_plots_are_written_from_the_json(tmp_path: Path) -> None:
         assert (tmp_path / "img" / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_a_burst_alone_writes_no_plots(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    q = {"p50": 100.0, "p99": 300.0}
+    burst = {"rate": math.inf, "output_tokens_per_s": 900.0, "e2e_ms": q, "ttft_ms": q, "itl_ms": q}
+    (tmp_path / "burst.json").write_text(json.dumps({"servers": [{"label": "albatross", "rates": [burst]}]}))
+    plot_request_rate.main([str(tmp_path / "burst.json"), "--output", str(tmp_path / "img")])
+    assert "no plots" in capsys.readouterr().out
+    assert not (tmp_path / "img").exists()
+
+
 def test_request_records_keep_every_request_in_arrival_order_and_name_the_slowest() -> None:
     pool = rate_bench.request_pool(6)
     Outcome = rate_bench.Outcome
