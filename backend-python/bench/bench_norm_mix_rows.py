@@ -1,10 +1,11 @@
 """One layer's residual layer norm and token-shift mixes over prompt rows, two ways: the two
 kernels the model ran before (`add_layer_norm` in place, then `shift_mix`) and the one-launch
 `norm_mix_rows` op (the residual out of place). Prints us per call of each and the ratio, per
-shape and number of mixes (6: a time-mix block's, 1: a channel mix's), fp16, and whether the
+shape, number of mixes (6: a time-mix block's, 1: a channel mix's) and activation dtype (fp16
+by default; bf16 compiles to other registers, and spills where fp16 does not), and whether the
 results are bit-identical.
 
-    python bench/bench_norm_mix_rows.py --shapes 64x512,1x4096,128x128,960x1 --width 4096
+    python bench/bench_norm_mix_rows.py --shapes 64x512,1x4096,128x128,960x1 --width 4096 --dtypes fp16,bf16
 
 Times are of eager launches, CUDA events around --iters calls. Both ways start from a fresh copy
 of x (the two ops update it in place): the copy's own time, timed alone, is subtracted.
@@ -27,25 +28,31 @@ from gpu_json import write_gpu_json  # bench/ is the script's folder
 from kernel_bench import require_kernel, timed_ms  # bench/ is the script's folder
 
 
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
 @dataclass(slots=True)
 class Result:
     shape: str
     mixes: int
+    dtype: str
     two_ops_us: float
     one_op_us: float
     identical: bool
 
 
-def bench(slots: int, length: int, mixes: int, width: int, iters: int) -> Result:
+def bench(slots: int, length: int, mixes: int, width: int, iters: int, dtype: str = "fp16") -> Result:
     gen = torch.Generator(device="cuda").manual_seed(slots * length + mixes)
     rows = slots * length
 
+    kind = DTYPES[dtype]
+
     def randn(*shape: int) -> torch.Tensor:
-        return torch.randn(*shape, generator=gen, device="cuda").half()
+        return torch.randn(*shape, generator=gen, device="cuda").to(kind)
 
     x, delta, weight, bias = randn(rows, width), randn(rows, width), randn(width), randn(width)
     shift = randn(slots + 1, width)
-    coefficients = torch.rand(mixes, width, generator=gen, device="cuda").half() if mixes > 1 else torch.rand(width, generator=gen, device="cuda").half()
+    coefficients = torch.rand(*((mixes, width) if mixes > 1 else (width,)), generator=gen, device="cuda").to(kind)
     slot_idx = torch.randperm(slots + 1, generator=gen, device="cuda")[:slots].to(torch.int32)
     cu = torch.arange(0, rows + 1, length, dtype=torch.int32, device="cuda")
 
@@ -66,7 +73,7 @@ def bench(slots: int, length: int, mixes: int, width: int, iters: int) -> Result
         return 1e3 * timed_ms(call, iters)
 
     copy = per_call_us(x.clone)
-    return Result(f"{slots}x{length}", mixes, per_call_us(lambda: two_ops(a)) - copy, per_call_us(lambda: one_op(b)) - copy, identical)
+    return Result(f"{slots}x{length}", mixes, dtype, per_call_us(lambda: two_ops(a)) - copy, per_call_us(lambda: one_op(b)) - copy, identical)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -75,6 +82,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--mixes", default="6,1")
     parser.add_argument("--width", type=int, default=4096, help="the 7.2B width")
     parser.add_argument("--iters", type=int, default=20)
+    parser.add_argument("--dtypes", default="fp16", help="activation dtypes, of " + ",".join(DTYPES))
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
     print(require_kernel("bench_norm_mix_rows", "fused", "fused"), flush=True)
@@ -82,12 +90,13 @@ def main(argv: list[str] | None = None) -> None:
     for spec in [s for s in args.shapes.split(",") if s]:
         slots, length = (int(n) for n in spec.split("x"))
         for mixes in [int(m) for m in args.mixes.split(",") if m]:
-            results.append(bench(slots, length, mixes, args.width, args.iters))
-            print(asdict(results[-1]), flush=True)
-    print(f"\n{torch.cuda.get_device_name()} | torch {torch.__version__} | width {args.width}, fp16")
-    print(f"{'shape':<10}{'mixes':>6}{'two ops us':>12}{'one op us':>11}{'ratio':>8}  bit-identical")
+            for dtype in [d for d in args.dtypes.split(",") if d]:
+                results.append(bench(slots, length, mixes, args.width, args.iters, dtype))
+                print(asdict(results[-1]), flush=True)
+    print(f"\n{torch.cuda.get_device_name()} | torch {torch.__version__} | width {args.width}")
+    print(f"{'shape':<10}{'mixes':>6}{'dtype':>6}{'two ops us':>12}{'one op us':>11}{'ratio':>8}  bit-identical")
     for r in results:
-        print(f"{r.shape:<10}{r.mixes:>6}{r.two_ops_us:>12,.1f}{r.one_op_us:>11,.1f}{r.one_op_us / r.two_ops_us:>8.3f}  {r.identical}")
+        print(f"{r.shape:<10}{r.mixes:>6}{r.dtype:>6}{r.two_ops_us:>12,.1f}{r.one_op_us:>11,.1f}{r.one_op_us / r.two_ops_us:>8.3f}  {r.identical}")
     if args.json:
         write_gpu_json(args.json, results=[asdict(r) for r in results])
     if not all(r.identical for r in results):
