@@ -6,7 +6,7 @@
 //                    (8 channels per access when C is a multiple of 8 and the rows are aligned)
 //   shift_mix        token shift + K lerp mixes, shift vectors updated in place   one thread per (row, 8 channels)
 //   norm_mix_decode  add_layer_norm + shift_mix for decode rows, one launch        one block per row
-//   norm_mix_rows    the same for prompt chunks, the residual out of place          one block per 4 rows
+//   norm_mix_rows    the same for prompt chunks, the residual out of place          one block per 8 rows
 //   wkv_prep         k/v/w/a/b of the WKV op from the matmul and LoRA outputs     8 lanes per (row, head)
 //   gn_bonus_gate    (group_norm(y) + bonus) * g                                  8 lanes per (row, head)
 //   wkv_decode_step  wkv_prep + the WKV decode step + gn_bonus_gate in one launch one block per (row, head)
@@ -19,6 +19,8 @@
 // Each kernel first lets the next kernel in the stream launch (pdl.cuh): at batch 1 that is often
 // a weight product, which then streams its weights while this kernel runs. A kernel launched the
 // ordinary way after one of these still waits for it to finish.
+
+#include <type_traits>
 
 #include "pdl.cuh"
 #include "wkv_decode.cuh"
@@ -79,6 +81,33 @@ __device__ __forceinline__ void unpack8(const Raw8<T>& r, float (&f)[kVec]) {
   for (int q = 0; q < kVec; ++q) f[q] = to_float(v[q]);
 }
 
+// A row's 8 values between a norm's passes (norm_rows8): as floats for one row, converted once; as
+// they are in memory for several rows at once, half the registers (unpacked again at each pass).
+struct Floats8 {
+  float f[kVec];
+};
+
+template <typename T>
+__device__ __forceinline__ void hold8(Floats8& held, const Raw8<T>&, const float (&f)[kVec]) {
+#pragma unroll
+  for (int q = 0; q < kVec; ++q) held.f[q] = f[q];
+}
+
+template <typename T>
+__device__ __forceinline__ void hold8(Raw8<T>& held, const Raw8<T>& raw, const float (&)[kVec]) {
+  held = raw;
+}
+
+__device__ __forceinline__ void view8(const Floats8& held, float (&f)[kVec]) {
+#pragma unroll
+  for (int q = 0; q < kVec; ++q) f[q] = held.f[q];
+}
+
+template <typename T>
+__device__ __forceinline__ void view8(const Raw8<T>& held, float (&f)[kVec]) {
+  unpack8(held, f);
+}
+
 // Sum over the 8 adjacent lanes that hold one head (every lane of the warp must call it).
 __device__ __forceinline__ float head_sum8(float v) {
 #pragma unroll
@@ -86,20 +115,9 @@ __device__ __forceinline__ float head_sum8(float v) {
   return v;
 }
 
-// Sum over the whole block, in a fixed order (deterministic). Every thread must call it.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
-  v = warp_sum(v);
-  __syncthreads();  // scratch may still be read by the previous call
-  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float total = 0.f;
-#pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) total += scratch[w];
-  return total;
-}
-
-// kR block sums for the price of one's two barriers, each in block_sum's order (so each is
-// block_sum's bits). scratch holds kR * kThreads / 32 floats. Every thread must call it.
+// Sums over the whole block, in a fixed order (deterministic): kR of them for the price of one's
+// two barriers, each the bits of its sum alone. scratch holds kR * kThreads / 32 floats. Every
+// thread must call it.
 template <int kR>
 __device__ __forceinline__ void block_sums(float (&v)[kR], float* scratch) {
 #pragma unroll
@@ -117,6 +135,12 @@ __device__ __forceinline__ void block_sums(float (&v)[kR], float* scratch) {
     for (int w = 0; w < kThreads / 32; ++w) total += scratch[r * (kThreads / 32) + w];
     v[r] = total;
   }
+}
+
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  float sums[1] = {v};
+  block_sums<1>(sums, scratch);
+  return sums[0];
 }
 
 __device__ __forceinline__ float sigmoidf(float x) { return 1.f / (1.f + __expf(-x)); }
@@ -168,100 +192,35 @@ __global__ void __launch_bounds__(kThreads)
 // The same with 16-byte accesses, 8 channels at a time, when C is a multiple of 8 and every
 // pointer is aligned (the model's rows always are): a quarter of the memory instructions of the
 // per-channel loop. At batch 1 on the H200 that loop took 6.2 us a call, 65 calls a 7.2B step.
-// The row's work is norm_row8, which norm_mix_decode_kernel and norm_mix_rows_kernel run too:
-// `emit(g, c, out)` receives the norm of channels c..c+7 (the thread's group g) before its
-// rounding to T, for each of the thread's groups within C. The new residual goes to x in place,
-// or with kOutOfPlace to x_out (nowhere when null; x is then only read). kGroups: the groups of 8
-// channels a thread holds (C <= kThreads * 8 * kGroups). Every thread of the block must call it
-// (block sums).
-template <bool kOutOfPlace, int kGroups = kRowRegs / kVec, typename T, typename Emit>
-__device__ __forceinline__ void norm_row8(T* __restrict__ x, T* __restrict__ x_out, const T* __restrict__ delta,
-                                          const T* __restrict__ weight, const T* __restrict__ bias, const int C,
-                                          const float eps, float* scratch, const int64_t base, Emit&& emit) {
-  static_assert(kGroups >= 1 && kGroups <= kRowRegs / kVec, "a row's groups of 8 channels a thread: C <= kThreads * kRowRegs");
-  float vals[kGroups][kVec];
-  float sum = 0.f;
-  // Every group's x and delta are read before the first group's residual is stored (a later
-  // group's loads could not move above that store: one wait on memory instead of one a group).
-  Raw8<T> x_raw[kGroups], delta_raw[kGroups];
-#pragma unroll
-  for (int g = 0; g < kGroups; ++g) {
-    const int c = (threadIdx.x + g * kThreads) * kVec;
-    if (c < C) {
-      x_raw[g] = fetch8(static_cast<const T*>(x) + base + c);
-      if (delta != nullptr) delta_raw[g] = fetch8(delta + base + c);
-    }
-  }
-#pragma unroll
-  for (int g = 0; g < kGroups; ++g) {
-    const int c = (threadIdx.x + g * kThreads) * kVec;
-    if (c < C) {
-      unpack8(x_raw[g], vals[g]);
-      if (delta != nullptr) {
-        float d[kVec];
-        unpack8(delta_raw[g], d);
-        // Round the new residual to the activation dtype first: the norm sees what is stored.
-#pragma unroll
-        for (int q = 0; q < kVec; ++q) vals[g][q] = to_float(from_float<T>(vals[g][q] + d[q]));
-        if constexpr (!kOutOfPlace) {
-          store8(x + base + c, vals[g]);
-        } else if (x_out != nullptr) {
-          store8(x_out + base + c, vals[g]);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int q = 0; q < kVec; ++q) vals[g][q] = 0.f;
-    }
-#pragma unroll
-    for (int q = 0; q < kVec; ++q) sum += vals[g][q];
-  }
-  const float mean = block_sum(sum, scratch) / C;
-  float sq = 0.f;
-#pragma unroll
-  for (int g = 0; g < kGroups; ++g) {
-    if ((threadIdx.x + g * kThreads) * kVec < C) {
-#pragma unroll
-      for (int q = 0; q < kVec; ++q) sq += (vals[g][q] - mean) * (vals[g][q] - mean);
-    }
-  }
-  const float rstd = rsqrtf(block_sum(sq, scratch) / C + eps);
-#pragma unroll
-  for (int g = 0; g < kGroups; ++g) {
-    const int c = (threadIdx.x + g * kThreads) * kVec;
-    if (c < C) {
-      float w[kVec], b[kVec], out[kVec];
-      load8(weight + c, w);
-      load8(bias + c, b);
-#pragma unroll
-      for (int q = 0; q < kVec; ++q) out[q] = (vals[g][q] - mean) * rstd * w[q] + b[q];
-      emit(g, c, out);
-    }
-  }
-}
-
-// norm_row8 for kR consecutive rows at once (rows base, base + C, ...; the first `live` exist):
-// every row's x and delta are read before anything else, and the rows' means and variances take
-// one pair of block sums for all of them, so a block waits on memory and on its barriers once
-// for kR rows. Each row's arithmetic is norm_row8's, in its order: the same bits. The row's
-// values are kept as T (x, or x + delta rounded to T: exact), half the registers of floats.
-// `emit(r, g, c, out)` receives row r's norm of channels c..c+7, group by group, and within a
-// group row by row.
+// The row's work is norm_rows8 (norm_row8 for one row), which norm_mix_decode_kernel and
+// norm_mix_rows_kernel run too, for kR consecutive rows at once (rows base, base + C, ...; the
+// first `live` exist). Every row's x and delta are read before anything else (a later group's
+// loads could not move above the first residual's store: one wait on memory instead of one a
+// group), and the rows' means and variances take one pair of block sums for all of them, so a
+// block waits on memory and on its barriers once for kR rows. Each row's arithmetic is the same
+// whatever kR: the same bits. Between the passes a row's values are held as floats for one row
+// and as T for several (x, or x + delta rounded to T: exact; half the registers), so the one-row
+// kernels compile to the SASS they had when norm_row8 was a function of its own.
+// `emit(r, g, c, out)` receives row r's norm of channels c..c+7 (the thread's group g) before its
+// rounding to T, group by group, and within a group row by row. The new residual goes to x in
+// place, or with kOutOfPlace to x_out (nowhere when null; x is then only read). kGroups: the
+// groups of 8 channels a thread holds (C <= kThreads * 8 * kGroups). Every thread of the block
+// must call it (block sums).
 template <bool kOutOfPlace, int kGroups, int kR, typename T, typename Emit>
-__device__ __forceinline__ void norm_rows8(const T* __restrict__ x, T* __restrict__ x_out, const T* __restrict__ delta,
+__device__ __forceinline__ void norm_rows8(T* __restrict__ x, T* __restrict__ x_out, const T* __restrict__ delta,
                                            const T* __restrict__ weight, const T* __restrict__ bias, const int C,
                                            const float eps, float* scratch, const int64_t base, const int live,
                                            Emit&& emit) {
   static_assert(kGroups >= 1 && kGroups <= kRowRegs / kVec, "a row's groups of 8 channels a thread: C <= kThreads * kRowRegs");
-  static_assert(kOutOfPlace, "norm_rows8 writes the residual out of place only");
   Raw8<T> vals[kR][kGroups], delta_raw[kR][kGroups];
+  std::conditional_t<kR == 1, Floats8, Raw8<T>> held[kR][kGroups];
 #pragma unroll
   for (int r = 0; r < kR; ++r) {
 #pragma unroll
     for (int g = 0; g < kGroups; ++g) {
       const int c = (threadIdx.x + g * kThreads) * kVec;
       if (r < live && c < C) {
-        vals[r][g] = fetch8(x + base + r * C + c);
+        vals[r][g] = fetch8(static_cast<const T*>(x) + base + r * C + c);
         if (delta != nullptr) delta_raw[r][g] = fetch8(delta + base + r * C + c);
       }
     }
@@ -286,12 +245,17 @@ __device__ __forceinline__ void norm_rows8(const T* __restrict__ x, T* __restric
             packed[q] = from_float<T>(f[q] + d[q]);
             f[q] = to_float(packed[q]);
           }
-          if (kOutOfPlace && x_out != nullptr) store8(x_out + base + r * C + c, f);
+          if constexpr (!kOutOfPlace) {
+            store8(x + base + r * C + c, f);
+          } else if (x_out != nullptr) {
+            store8(x_out + base + r * C + c, f);
+          }
         }
       } else {
 #pragma unroll
         for (int q = 0; q < kVec; ++q) f[q] = 0.f;
       }
+      hold8(held[r][g], vals[r][g], f);
 #pragma unroll
       for (int q = 0; q < kVec; ++q) sum[r] += f[q];
     }
@@ -306,7 +270,7 @@ __device__ __forceinline__ void norm_rows8(const T* __restrict__ x, T* __restric
     for (int g = 0; g < kGroups; ++g) {
       if (r < live && (threadIdx.x + g * kThreads) * kVec < C) {
         float f[kVec];
-        unpack8(vals[r][g], f);
+        view8(held[r][g], f);
 #pragma unroll
         for (int q = 0; q < kVec; ++q) sq[r] += (f[q] - mean[r]) * (f[q] - mean[r]);
       }
@@ -329,7 +293,7 @@ __device__ __forceinline__ void norm_rows8(const T* __restrict__ x, T* __restric
       for (int r = 0; r < kR; ++r) {
         if (r < live) {
           float out[kVec], f[kVec];
-          unpack8(vals[r][g], f);
+          view8(held[r][g], f);
 #pragma unroll
           for (int q = 0; q < kVec; ++q) out[q] = (f[q] - mean[r]) * rstd[r] * w[q] + b[q];
           emit(r, g, c, out);
@@ -337,6 +301,14 @@ __device__ __forceinline__ void norm_rows8(const T* __restrict__ x, T* __restric
       }
     }
   }
+}
+
+template <bool kOutOfPlace, int kGroups = kRowRegs / kVec, typename T, typename Emit>
+__device__ __forceinline__ void norm_row8(T* __restrict__ x, T* __restrict__ x_out, const T* __restrict__ delta,
+                                          const T* __restrict__ weight, const T* __restrict__ bias, const int C,
+                                          const float eps, float* scratch, const int64_t base, Emit&& emit) {
+  norm_rows8<kOutOfPlace, kGroups, 1>(x, x_out, delta, weight, bias, C, eps, scratch, base, 1,
+                                      [&](int, const int g, const int c, const float (&out)[kVec]) { emit(g, c, out); });
 }
 
 template <typename T>
@@ -478,6 +450,10 @@ __global__ void __launch_bounds__(kThreads)
 // residual goes out of place: another block may read a row's x and delta while this one writes
 // the row's new residual. A slot's first row reads the slot's saved shift vector from a copy
 // gathered before the launch (shift_first), because the block of its last row overwrites it.
+// Rows are normed kNormAtOnce at a time (norm_rows8): on an H100 that made the op 6-11% faster
+// than one at a time with four rows a block (64 x 512 rows, 7.2B width: 952 -> 898 us with six
+// mixes, 527 -> 467 us with one; the 7.2B 64 x 512 prefill +1%, docs/performance.md session 28):
+// half the barriers, and a block's recomputed predecessor is 1/8 of its reads instead of 1/4.
 //
 // Why so: a 7.2B block's two norms move 19 [rows, C] vectors through memory in the two ops (add
 // and norm: x and delta in, x and h out; shift and mix: h in, K mixes out, K = 6 and 1) and 13
@@ -502,8 +478,9 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// kGroups: the channel groups of 8 a thread holds, the fewest that cover C (the registers of a
-// row and its predecessor are what limit the blocks an SM).
+// kGroups: the channel groups of 8 a thread holds, the fewest that cover C (the registers of
+// two rows and a predecessor are what limit the blocks an SM; the bounds keep 128 a thread, two
+// blocks an SM).
 template <typename T, int kGroups>
 __global__ void __launch_bounds__(kThreads, 2)
     norm_mix_rows_kernel(T* __restrict__ x, const T* __restrict__ delta, T* __restrict__ x_out,
@@ -521,13 +498,13 @@ __global__ void __launch_bounds__(kThreads, 2)
     if (cu_seqlens[mid] <= r0) slot = mid; else hi = mid - 1;
   }
   Raw8<T> prev[kGroups];  // the predecessor row's norm as T (as add_layer_norm stores it)
-  auto keep = [&](int, const int g, int, const float (&h)[kVec]) {
+  auto keep = [&](const int g, int, const float (&h)[kVec]) {
     T* packed = reinterpret_cast<T*>(prev[g].w);
 #pragma unroll
     for (int q = 0; q < kVec; ++q) packed[q] = from_float<T>(h[q]);
   };
   if (r0 > cu_seqlens[slot])  // the slot's previous row belongs to another block: its norm again, nothing stored
-    norm_rows8<true, kGroups, 1>(x, static_cast<T*>(nullptr), delta, weight, bias, C, eps, scratch, (r0 - 1) * C, 1, keep);
+    norm_row8<true, kGroups>(x, static_cast<T*>(nullptr), delta, weight, bias, C, eps, scratch, (r0 - 1) * C, keep);
   for (int64_t t = r0; t < r1; t += kNormAtOnce) {
     const int live = static_cast<int>(min(static_cast<int64_t>(kNormAtOnce), r1 - t));
     bool first[kNormAtOnce], last[kNormAtOnce];
