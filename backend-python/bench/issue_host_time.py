@@ -18,7 +18,9 @@ that time, so the next step comes late. This script says why `issue` blocks:
 
 Steps are built as the worker builds them: real `EngineTask`s and `Row`s, the engine's DeviceStep
 (CUDA graphs for decode-only steps), the sampler over every sampling row. A CPU run with a tiny
-shape (`--shape 2x64 --device cpu`) checks the script, not the figures.
+shape (`--shape 2x64 --device cpu`) checks the script, not the figures. On the GPU machine, run it
+after sourcing bench/session_start.sh, which installs the carried wheels: the engine imports
+llguidance, which the GPU image lacks (a bare run in session 28 stopped at that import).
 """
 
 from __future__ import annotations
