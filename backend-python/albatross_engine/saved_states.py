@@ -70,7 +70,7 @@ class SavedStates:
         # Prompts fed from a state file's state have their own keys (initial_state.py).
         salt = b"" if task.initial_state is None else task.initial_state.prefix_salt
         task.prefix_hasher = PrefixHasher(task.prompt_tokens, salt)
-        lookup = PrefixHasher(task.prompt_tokens, salt)  # hashes left to right: the keys come shortest first
+        lookup = task.prefix_hasher.fork()  # hashes left to right: the keys come shortest first
         ends = self.prompt_ends.below(lookup.head, task.prompt_len)
         keys = [(length, lookup.key_at(length)) for length in reversed(prefix_lookup_lengths(task.prompt_len, ends))]
         for length, key in reversed(keys):

@@ -73,6 +73,15 @@ class PrefixHasher:
     def length(self) -> int:
         return self._length
 
+    def fork(self) -> "PrefixHasher":
+        """A hasher at this one's point that goes on independently (the head is not hashed again)."""
+        other = PrefixHasher.__new__(PrefixHasher)
+        other._hash = self._hash.copy()
+        other._tokens = self._tokens
+        other._length = self._length
+        other.head = self.head
+        return other
+
     def key_at(self, length: int) -> str:
         if length < self._length or length > len(self._tokens):
             raise ValueError(f"prefix length {length} outside [{self._length}, {len(self._tokens)}]")

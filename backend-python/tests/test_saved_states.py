@@ -24,6 +24,17 @@ def make(store: DictStateStore | None = None) -> tuple[SavedStates, RecordingDev
     return SavedStates(device, metrics, PromptEndIndex(), store), device, metrics  # type: ignore[arg-type]
 
 
+def test_a_forked_hasher_gives_a_fresh_hashers_keys_and_goes_on_alone() -> None:
+    tokens, salt = list(range(1, 3 * PROMPT_HEAD_TOKENS)), b"initial-state:abc\n"
+    hasher = PrefixHasher(tokens, salt)
+    hasher.key_at(PROMPT_HEAD_TOKENS + 3)
+    fork = hasher.fork()
+    assert fork.head == hasher.head == PrefixHasher(tokens, salt).head is not None
+    assert fork.key_at(2 * PROMPT_HEAD_TOKENS) == PrefixHasher(tokens, salt).key_at(2 * PROMPT_HEAD_TOKENS)
+    assert hasher.length == PROMPT_HEAD_TOKENS + 3  # the fork's hashing did not move the original
+    assert hasher.key_at(PROMPT_HEAD_TOKENS + 5) == PrefixHasher(tokens, salt).key_at(PROMPT_HEAD_TOKENS + 5)
+
+
 def test_a_session_state_is_written_into_the_tasks_slot() -> None:
     store = DictStateStore()
     store.put("chat", "saved conversation")  # type: ignore[arg-type]
