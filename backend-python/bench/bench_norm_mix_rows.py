@@ -28,7 +28,7 @@ from gpu_json import write_gpu_json  # bench/ is the script's folder
 from kernel_bench import require_kernel, timed_ms  # bench/ is the script's folder
 
 
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16, "fp32": torch.float32}
 
 
 @dataclass(slots=True)

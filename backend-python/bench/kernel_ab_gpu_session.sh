@@ -34,7 +34,7 @@ print({name: result.how for name, result in cuda_ops.enable_cuda_kernels().items
         tests/test_cuda_kernels.py tests/test_lora_cuda.py tests/test_pdl_cuda.py} 2>&1 | tail -4 | tee -a "$log"
   fi
   if [ -n "${BENCH:-}" ]; then
-    timeout 240 python3 $BENCH 2>&1 | grep -v "^{" | tail -20 | tee -a "$log"
+    timeout 240 python3 $BENCH 2>&1 | grep -v "^{" | tail -60 | tee -a "$log"
   fi
   if [ "${GEMV:-1}" = 1 ]; then
     timeout 240 python3 bench/bench_gemv.py --rows 1,2 --json "$OUT/$1-gemv.json" 2>&1 | tee -a "$log" | tail -14

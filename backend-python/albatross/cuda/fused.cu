@@ -6,7 +6,7 @@
 //                    (8 channels per access when C is a multiple of 8 and the rows are aligned)
 //   shift_mix        token shift + K lerp mixes, shift vectors updated in place   one thread per (row, 8 channels)
 //   norm_mix_decode  add_layer_norm + shift_mix for decode rows, one launch        one block per row
-//   norm_mix_rows    the same for prompt chunks, the residual out of place          one block per 4 rows
+//   norm_mix_rows    the same for prompt chunks, the residual out of place          one block per 8 rows
 //   wkv_prep         k/v/w/a/b of the WKV op from the matmul and LoRA outputs     8 lanes per (row, head)
 //   gn_bonus_gate    (group_norm(y) + bonus) * g                                  8 lanes per (row, head)
 //   wkv_decode_step  wkv_prep + the WKV decode step + gn_bonus_gate in one launch one block per (row, head)
@@ -19,6 +19,8 @@
 // Each kernel first lets the next kernel in the stream launch (pdl.cuh): at batch 1 that is often
 // a weight product, which then streams its weights while this kernel runs. A kernel launched the
 // ordinary way after one of these still waits for it to finish.
+
+#include <type_traits>
 
 #include "pdl.cuh"
 #include "wkv_decode.cuh"
@@ -79,6 +81,58 @@ __device__ __forceinline__ void unpack8(const Raw8<T>& r, float (&f)[kVec]) {
   for (int q = 0; q < kVec; ++q) f[q] = to_float(v[q]);
 }
 
+// A row's 8 values between a norm's passes (norm_rows8): as floats for one row, converted once; as
+// they are in memory for several rows at once, half the registers (unpacked again at each pass).
+struct Floats8 {
+  float f[kVec];
+};
+
+template <typename T>
+__device__ __forceinline__ void hold8(Floats8& held, const Raw8<T>&, const float (&f)[kVec]) {
+#pragma unroll
+  for (int q = 0; q < kVec; ++q) held.f[q] = f[q];
+}
+
+template <typename T>
+__device__ __forceinline__ void hold8(Raw8<T>& held, const Raw8<T>& raw, const float (&)[kVec]) {
+  held = raw;
+}
+
+// The same from a norm's floats, rounded to T first (as add_layer_norm stores them).
+template <typename T>
+__device__ __forceinline__ void hold8(Floats8& held, const float (&f)[kVec]) {
+#pragma unroll
+  for (int q = 0; q < kVec; ++q) held.f[q] = to_float(from_float<T>(f[q]));
+}
+
+template <typename T>
+__device__ __forceinline__ void hold8(Raw8<T>& held, const float (&f)[kVec]) {
+  T* packed = reinterpret_cast<T*>(held.w);
+#pragma unroll
+  for (int q = 0; q < kVec; ++q) packed[q] = from_float<T>(f[q]);
+}
+
+// The same read from memory.
+template <typename T>
+__device__ __forceinline__ void fetch8(Floats8& held, const T* p) {
+  load8(p, held.f);
+}
+
+template <typename T>
+__device__ __forceinline__ void fetch8(Raw8<T>& held, const T* p) {
+  held = fetch8(p);
+}
+
+__device__ __forceinline__ void view8(const Floats8& held, float (&f)[kVec]) {
+#pragma unroll
+  for (int q = 0; q < kVec; ++q) f[q] = held.f[q];
+}
+
+template <typename T>
+__device__ __forceinline__ void view8(const Raw8<T>& held, float (&f)[kVec]) {
+  unpack8(held, f);
+}
+
 // Sum over the 8 adjacent lanes that hold one head (every lane of the warp must call it).
 __device__ __forceinline__ float head_sum8(float v) {
 #pragma unroll
@@ -86,16 +140,32 @@ __device__ __forceinline__ float head_sum8(float v) {
   return v;
 }
 
-// Sum over the whole block, in a fixed order (deterministic). Every thread must call it.
-__device__ __forceinline__ float block_sum(float v, float* scratch) {
-  v = warp_sum(v);
-  __syncthreads();  // scratch may still be read by the previous call
-  if ((threadIdx.x & 31) == 0) scratch[threadIdx.x >> 5] = v;
-  __syncthreads();
-  float total = 0.f;
+// Sums over the whole block, in a fixed order (deterministic): kR of them for the price of one's
+// two barriers, each the bits of its sum alone. scratch holds kR * kThreads / 32 floats. Every
+// thread must call it.
+template <int kR>
+__device__ __forceinline__ void block_sums(float (&v)[kR], float* scratch) {
 #pragma unroll
-  for (int w = 0; w < kThreads / 32; ++w) total += scratch[w];
-  return total;
+  for (int r = 0; r < kR; ++r) v[r] = warp_sum(v[r]);
+  __syncthreads();  // scratch may still be read by the previous call
+  if ((threadIdx.x & 31) == 0) {
+#pragma unroll
+    for (int r = 0; r < kR; ++r) scratch[r * (kThreads / 32) + (threadIdx.x >> 5)] = v[r];
+  }
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kThreads / 32; ++w) total += scratch[r * (kThreads / 32) + w];
+    v[r] = total;
+  }
+}
+
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+  float sums[1] = {v};
+  block_sums<1>(sums, scratch);
+  return sums[0];
 }
 
 __device__ __forceinline__ float sigmoidf(float x) { return 1.f / (1.f + __expf(-x)); }
@@ -147,76 +217,123 @@ __global__ void __launch_bounds__(kThreads)
 // The same with 16-byte accesses, 8 channels at a time, when C is a multiple of 8 and every
 // pointer is aligned (the model's rows always are): a quarter of the memory instructions of the
 // per-channel loop. At batch 1 on the H200 that loop took 6.2 us a call, 65 calls a 7.2B step.
-// The row's work is norm_row8, which norm_mix_decode_kernel and norm_mix_rows_kernel run too:
-// `emit(g, c, out)` receives the norm of channels c..c+7 (the thread's group g) before its
-// rounding to T, for each of the thread's groups within C. The new residual goes to x in place,
-// or with kOutOfPlace to x_out (nowhere when null; x is then only read). kGroups: the groups of 8
-// channels a thread holds (C <= kThreads * 8 * kGroups). Every thread of the block must call it
-// (block sums).
+// The row's work is norm_rows8 (norm_row8 for one row), which norm_mix_decode_kernel and
+// norm_mix_rows_kernel run too, for kR consecutive rows at once (rows base, base + C, ...; the
+// first `live` exist). Every row's x and delta are read before anything else (a later group's
+// loads could not move above the first residual's store: one wait on memory instead of one a
+// group), and the rows' means and variances take one pair of block sums for all of them, so a
+// block waits on memory and on its barriers once for kR rows. Each row's arithmetic is the same
+// whatever kR: the same bits. Between the passes a row's values are held as floats for one row
+// and as T for several (x, or x + delta rounded to T: exact; half the registers), so the one-row
+// kernels compile to the SASS they had when norm_row8 was a function of its own.
+// `emit(r, g, c, out)` receives row r's norm of channels c..c+7 (the thread's group g) before its
+// rounding to T, group by group, and within a group row by row. The new residual goes to x in
+// place, or with kOutOfPlace to x_out (nowhere when null; x is then only read). kGroups: the
+// groups of 8 channels a thread holds (C <= kThreads * 8 * kGroups). Every thread of the block
+// must call it (block sums).
+template <bool kOutOfPlace, int kGroups, int kR, typename T, typename Emit>
+__device__ __forceinline__ void norm_rows8(T* __restrict__ x, T* __restrict__ x_out, const T* __restrict__ delta,
+                                           const T* __restrict__ weight, const T* __restrict__ bias, const int C,
+                                           const float eps, float* scratch, const int64_t base, const int live,
+                                           Emit&& emit) {
+  static_assert(kGroups >= 1 && kGroups <= kRowRegs / kVec, "a row's groups of 8 channels a thread: C <= kThreads * kRowRegs");
+  Raw8<T> vals[kR][kGroups], delta_raw[kR][kGroups];
+  std::conditional_t<kR == 1, Floats8, Raw8<T>> held[kR][kGroups];
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      const int c = (threadIdx.x + g * kThreads) * kVec;
+      if (r < live && c < C) {
+        vals[r][g] = fetch8(static_cast<const T*>(x) + base + r * C + c);
+        if (delta != nullptr) delta_raw[r][g] = fetch8(delta + base + r * C + c);
+      }
+    }
+  }
+  float sum[kR];
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    sum[r] = 0.f;
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      const int c = (threadIdx.x + g * kThreads) * kVec;
+      float f[kVec];
+      if (r < live && c < C) {
+        unpack8(vals[r][g], f);
+        if (delta != nullptr) {
+          float d[kVec];
+          unpack8(delta_raw[r][g], d);
+          // Round the new residual to the activation dtype first: the norm sees what is stored.
+          T* packed = reinterpret_cast<T*>(vals[r][g].w);
+#pragma unroll
+          for (int q = 0; q < kVec; ++q) {
+            packed[q] = from_float<T>(f[q] + d[q]);
+            f[q] = to_float(packed[q]);
+          }
+          if constexpr (!kOutOfPlace) {
+            store8(x + base + r * C + c, f);
+          } else if (x_out != nullptr) {
+            store8(x_out + base + r * C + c, f);
+          }
+        }
+      } else {
+#pragma unroll
+        for (int q = 0; q < kVec; ++q) f[q] = 0.f;
+      }
+      hold8(held[r][g], vals[r][g], f);
+#pragma unroll
+      for (int q = 0; q < kVec; ++q) sum[r] += f[q];
+    }
+  }
+  block_sums<kR>(sum, scratch);
+  float mean[kR], sq[kR];
+#pragma unroll
+  for (int r = 0; r < kR; ++r) {
+    mean[r] = sum[r] / C;
+    sq[r] = 0.f;
+#pragma unroll
+    for (int g = 0; g < kGroups; ++g) {
+      if (r < live && (threadIdx.x + g * kThreads) * kVec < C) {
+        float f[kVec];
+        view8(held[r][g], f);
+#pragma unroll
+        for (int q = 0; q < kVec; ++q) sq[r] += (f[q] - mean[r]) * (f[q] - mean[r]);
+      }
+    }
+  }
+  block_sums<kR>(sq, scratch);
+  float rstd[kR];
+#pragma unroll
+  for (int r = 0; r < kR; ++r) rstd[r] = rsqrtf(sq[r] / C + eps);
+  // Group by group, the rows of a group together: its weight, bias (and whatever emit reads by
+  // channel) are read once for all of them. A row's groups are independent, so the order is free.
+#pragma unroll
+  for (int g = 0; g < kGroups; ++g) {
+    const int c = (threadIdx.x + g * kThreads) * kVec;
+    if (c < C) {
+      float w[kVec], b[kVec];
+      load8(weight + c, w);
+      load8(bias + c, b);
+#pragma unroll
+      for (int r = 0; r < kR; ++r) {
+        if (r < live) {
+          float out[kVec], f[kVec];
+          view8(held[r][g], f);
+#pragma unroll
+          for (int q = 0; q < kVec; ++q) out[q] = (f[q] - mean[r]) * rstd[r] * w[q] + b[q];
+          emit(r, g, c, out);
+        }
+      }
+    }
+  }
+}
+
 template <bool kOutOfPlace, int kGroups = kRowRegs / kVec, typename T, typename Emit>
 __device__ __forceinline__ void norm_row8(T* __restrict__ x, T* __restrict__ x_out, const T* __restrict__ delta,
                                           const T* __restrict__ weight, const T* __restrict__ bias, const int C,
                                           const float eps, float* scratch, const int64_t base, Emit&& emit) {
-  static_assert(kGroups >= 1 && kGroups <= kRowRegs / kVec, "a row's groups of 8 channels a thread: C <= kThreads * kRowRegs");
-  float vals[kGroups][kVec];
-  float sum = 0.f;
-  // Every group's x and delta are read before the first group's residual is stored (a later
-  // group's loads could not move above that store: one wait on memory instead of one a group).
-  Raw8<T> x_raw[kGroups], delta_raw[kGroups];
-#pragma unroll
-  for (int g = 0; g < kGroups; ++g) {
-    const int c = (threadIdx.x + g * kThreads) * kVec;
-    if (c < C) {
-      x_raw[g] = fetch8(static_cast<const T*>(x) + base + c);
-      if (delta != nullptr) delta_raw[g] = fetch8(delta + base + c);
-    }
-  }
-#pragma unroll
-  for (int g = 0; g < kGroups; ++g) {
-    const int c = (threadIdx.x + g * kThreads) * kVec;
-    if (c < C) {
-      unpack8(x_raw[g], vals[g]);
-      if (delta != nullptr) {
-        float d[kVec];
-        unpack8(delta_raw[g], d);
-        // Round the new residual to the activation dtype first: the norm sees what is stored.
-#pragma unroll
-        for (int q = 0; q < kVec; ++q) vals[g][q] = to_float(from_float<T>(vals[g][q] + d[q]));
-        if constexpr (!kOutOfPlace) {
-          store8(x + base + c, vals[g]);
-        } else if (x_out != nullptr) {
-          store8(x_out + base + c, vals[g]);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int q = 0; q < kVec; ++q) vals[g][q] = 0.f;
-    }
-#pragma unroll
-    for (int q = 0; q < kVec; ++q) sum += vals[g][q];
-  }
-  const float mean = block_sum(sum, scratch) / C;
-  float sq = 0.f;
-#pragma unroll
-  for (int g = 0; g < kGroups; ++g) {
-    if ((threadIdx.x + g * kThreads) * kVec < C) {
-#pragma unroll
-      for (int q = 0; q < kVec; ++q) sq += (vals[g][q] - mean) * (vals[g][q] - mean);
-    }
-  }
-  const float rstd = rsqrtf(block_sum(sq, scratch) / C + eps);
-#pragma unroll
-  for (int g = 0; g < kGroups; ++g) {
-    const int c = (threadIdx.x + g * kThreads) * kVec;
-    if (c < C) {
-      float w[kVec], b[kVec], out[kVec];
-      load8(weight + c, w);
-      load8(bias + c, b);
-#pragma unroll
-      for (int q = 0; q < kVec; ++q) out[q] = (vals[g][q] - mean) * rstd * w[q] + b[q];
-      emit(g, c, out);
-    }
-  }
+  norm_rows8<kOutOfPlace, kGroups, 1>(x, x_out, delta, weight, bias, C, eps, scratch, base, 1,
+                                      [&](int, const int g, const int c, const float (&out)[kVec]) { emit(g, c, out); });
 }
 
 template <typename T>
@@ -358,6 +475,12 @@ __global__ void __launch_bounds__(kThreads)
 // residual goes out of place: another block may read a row's x and delta while this one writes
 // the row's new residual. A slot's first row reads the slot's saved shift vector from a copy
 // gathered before the launch (shift_first), because the block of its last row overwrites it.
+// For fp16, rows are normed two at a time (norm_rows8), a block walking 8 rows: on an H100 that
+// made the op 4-12% faster than one at a time with four rows a block (64 x 512 rows, 7.2B width:
+// 947 -> 894 us with six mixes, 525 -> 464 us with one; docs/performance.md, session 29): half the
+// barriers, and a block's recomputed predecessor is 1/8 of its reads instead of 1/4. bf16 and
+// fp32 keep one row at a time, four a block: under the two-row form's register bound bf16 spills
+// at the 7.2B width and its six-mix op took 957 -> 1,186 us (session 29).
 //
 // Why so: a 7.2B block's two norms move 19 [rows, C] vectors through memory in the two ops (add
 // and norm: x and delta in, x and h out; shift and mix: h in, K mixes out, K = 6 and 1) and 13
@@ -365,7 +488,15 @@ __global__ void __launch_bounds__(kThreads)
 // rounded to T as add_layer_norm stores it, so outputs and shift vectors are bit-identical to
 // the two ops.
 
-constexpr int kNormRows = 4;  // rows a block walks
+template <typename T>
+constexpr int kNormAtOnce = std::is_same_v<T, __half> ? 2 : 1;  // rows normed together (norm_rows8)
+template <typename T>
+constexpr int kNormRows = 4 * kNormAtOnce<T>;  // rows a block walks
+// The least blocks an SM the registers must allow: two for two rows at once (128 registers a
+// thread); none for one row, whose registers stay as they were (a bound of one block lets bf16
+// take 154 registers at 2 groups instead of 128, and so one block an SM instead of two).
+template <typename T>
+constexpr int kNormMinBlocks = kNormAtOnce<T> == 2 ? 2 : 0;
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -381,44 +512,51 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// kGroups: the channel groups of 8 a thread holds, the fewest that cover C (the registers of a
-// row and its predecessor are what limit the blocks an SM).
+// kGroups: the channel groups of 8 a thread holds, the fewest that cover C (the registers of the
+// rows and a predecessor are what limit the blocks an SM; for two rows the predecessor is held as
+// T, half the registers).
 template <typename T, int kGroups>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kThreads, kNormMinBlocks<T>)
     norm_mix_rows_kernel(T* __restrict__ x, const T* __restrict__ delta, T* __restrict__ x_out,
                          const T* __restrict__ weight, const T* __restrict__ bias, const T* __restrict__ shift_first,
                          T* __restrict__ shift, const int64_t shift_stride, const int* __restrict__ slot_idx,
                          const int* __restrict__ cu_seqlens, const int S, const T* __restrict__ coef, const int K,
                          T* __restrict__ out, const int64_t rows, const int C, const float eps) {
+  constexpr int kAtOnce = kNormAtOnce<T>;
   allow_dependents_to_launch();
-  __shared__ float scratch[kThreads / 32];
-  const int64_t r0 = (int64_t)blockIdx.x * kNormRows, r1 = min(rows, r0 + kNormRows);
+  __shared__ float scratch[kAtOnce * kThreads / 32];
+  const int64_t r0 = (int64_t)blockIdx.x * kNormRows<T>, r1 = min(rows, r0 + kNormRows<T>);
   // The slot owning row r0: the last s with cu_seqlens[s] <= r0.
   int slot = 0, hi = S - 1;
   while (slot < hi) {
     const int mid = (slot + hi + 1) >> 1;
     if (cu_seqlens[mid] <= r0) slot = mid; else hi = mid - 1;
   }
-  float prev[kGroups][kVec];
-  auto keep = [&](const int g, int, const float (&h)[kVec]) {
-#pragma unroll
-    for (int q = 0; q < kVec; ++q) prev[g][q] = to_float(from_float<T>(h[q]));
-  };
+  std::conditional_t<kAtOnce == 1, Floats8, Raw8<T>> prev[kGroups];  // the predecessor row's norm, rounded to T
+  auto keep = [&](const int g, int, const float (&h)[kVec]) { hold8<T>(prev[g], h); };
   if (r0 > cu_seqlens[slot])  // the slot's previous row belongs to another block: its norm again, nothing stored
     norm_row8<true, kGroups>(x, static_cast<T*>(nullptr), delta, weight, bias, C, eps, scratch, (r0 - 1) * C, keep);
-  for (int64_t t = r0; t < r1; ++t) {
-    while (slot + 1 < S && cu_seqlens[slot + 1] <= t) ++slot;  // bounded: rows past the last slot's end stay in it
-    const bool first = t == cu_seqlens[slot], last = t == cu_seqlens[slot + 1] - 1;
-    T* saved = shift + (int64_t)slot_idx[slot] * shift_stride;
-    norm_row8<true, kGroups>(x, x_out, delta, weight, bias, C, eps, scratch, t * C, [&](const int g, const int c, const float (&h)[kVec]) {
-      float xv[kVec];
+  for (int64_t t = r0; t < r1; t += kAtOnce) {
+    const int live = kAtOnce == 1 ? 1 : static_cast<int>(min(static_cast<int64_t>(kAtOnce), r1 - t));  // t < r1
+    bool first[kAtOnce], last[kAtOnce];
+    int owner[kAtOnce];
+#pragma unroll
+    for (int r = 0; r < kAtOnce; ++r) {
+      while (slot + 1 < S && cu_seqlens[slot + 1] <= t + r) ++slot;  // bounded: rows past the last slot's end stay in it
+      owner[r] = slot;
+      first[r] = t + r == cu_seqlens[slot];
+      last[r] = t + r == cu_seqlens[slot + 1] - 1;
+    }
+    norm_rows8<true, kGroups, kAtOnce>(x, x_out, delta, weight, bias, C, eps, scratch, t * C, live,
+                                       [&](const int r, const int g, const int c, const float (&h)[kVec]) {
+      float xv[kVec], pv[kVec];
 #pragma unroll
       for (int q = 0; q < kVec; ++q) xv[q] = to_float(from_float<T>(h[q]));
-      if (first) load8(shift_first + (int64_t)slot * C + c, prev[g]);
-      mix8(xv, prev[g], coef, K, out, rows, t, C, c);
-      if (last) store8(saved + c, h);  // rounds h as add_layer_norm stored it: the slot's newest row
-#pragma unroll
-      for (int q = 0; q < kVec; ++q) prev[g][q] = xv[q];
+      if (first[r]) fetch8(prev[g], shift_first + (int64_t)owner[r] * C + c);
+      view8(prev[g], pv);
+      mix8(xv, pv, coef, K, out, rows, t + r, C, c);
+      if (last[r]) store8(shift + (int64_t)slot_idx[owner[r]] * shift_stride + c, h);  // rounds h as add_layer_norm stored it
+      hold8<T>(prev[g], h);
     });
   }
 }
@@ -944,7 +1082,7 @@ std::tuple<Tensor, Tensor> norm_mix_rows_cuda(const Tensor& x, const Tensor& del
                                                                   slot_idx.const_data_ptr<int>(), pointer<T>(first),
                                                                   static_cast<int>(C));
     check_launch();
-    const unsigned blocks = row_blocks((rows + kNormRows - 1) / kNormRows);
+    const unsigned blocks = row_blocks((rows + kNormRows<T> - 1) / kNormRows<T>);
     const auto launch = [&](auto kernel) {
       kernel<<<blocks, kThreads, 0, stream>>>(pointer<T>(x), pointer<const T>(delta), pointer<T>(x_new),
                                              pointer<const T>(weight), pointer<const T>(bias), pointer<const T>(first),
