@@ -6,7 +6,7 @@
 //                    (8 channels per access when C is a multiple of 8 and the rows are aligned)
 //   shift_mix        token shift + K lerp mixes, shift vectors updated in place   one thread per (row, 8 channels)
 //   norm_mix_decode  add_layer_norm + shift_mix for decode rows, one launch        one block per row
-//   norm_mix_rows    the same for prompt chunks, the residual out of place          one block per 8 rows
+//   norm_mix_rows    the same for prompt chunks, the residual out of place          one block per 8 rows (fp16) or 4
 //   wkv_prep         k/v/w/a/b of the WKV op from the matmul and LoRA outputs     8 lanes per (row, head)
 //   gn_bonus_gate    (group_norm(y) + bonus) * g                                  8 lanes per (row, head)
 //   wkv_decode_step  wkv_prep + the WKV decode step + gn_bonus_gate in one launch one block per (row, head)
