@@ -2,8 +2,8 @@
 kernels the model ran before (`add_layer_norm` in place, then `shift_mix`) and the one-launch
 `norm_mix_rows` op (the residual out of place). Prints us per call of each and the ratio, per
 shape, number of mixes (6: a time-mix block's, 1: a channel mix's) and activation dtype (fp16
-by default; bf16 compiles to other registers, and spills where fp16 does not), and whether the
-results are bit-identical.
+by default; fp16 rows are normed two at a time, bf16 and fp32 rows one at a time), and whether
+the results are bit-identical.
 
     python bench/bench_norm_mix_rows.py --shapes 64x512,1x4096,128x128,960x1 --width 4096 --dtypes fp16,bf16
 
@@ -44,7 +44,6 @@ class Result:
 def bench(slots: int, length: int, mixes: int, width: int, iters: int, dtype: str = "fp16") -> Result:
     gen = torch.Generator(device="cuda").manual_seed(slots * length + mixes)
     rows = slots * length
-
     kind = DTYPES[dtype]
 
     def randn(*shape: int) -> torch.Tensor:
