@@ -8,7 +8,10 @@ the measurements imply for `albatross.wkv_dispatch.ChunkedPolicy`.
 Variants: `--chunks` tokens a chunk (16/32/64), `--blocks` value rows per program (16/32/64),
 `--precisions` of the products ("ieee": fp32 FMA; "tf32x3": three tf32 tensor-core products,
 about fp32 accuracy), `--prepare` warps, precision and inverse of the prepare kernel, `--warps` per scan program and `--layouts` of the scan's state rows
-(`key`: transposed, `wkv7_chunked_triton(key_major=True)`). `--baseline FILE` also times another
+(`key`: transposed, `wkv7_chunked_triton(key_major=True)`). The sequential kernel runs with the
+launch shape the dispatch gives the case (`wkv_dispatch.LAYOUT`: one state row a thread, or two
+rows, direct and scaled, once the slots fill the GPU), as in the model; until session 30 it ran
+one row a thread at every case, 1.3x slower than the model's walk at 64 x 512. `--baseline FILE` also times another
 version of `albatross/wkv_chunked_triton.py` (a copy of an earlier commit's, say) at its own
 defaults, for an A/B in the same run; the implied policy ignores it.
 """
@@ -27,7 +30,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent / "external"))
 
-from albatross import ops
+from albatross import ops, wkv_dispatch
 from albatross.wkv_dispatch import ChunkedPolicy
 from gpu_json import write_gpu_json
 from kernel_bench import event_ms, require_kernel  # bench/ is the script's folder
@@ -60,7 +63,8 @@ def _kernels(chunks: list[int], blocks: list[int], precisions: list[str], warps:
     from albatross.wkv_chunked_triton import PREPARE_WARPS, wkv7_chunked_triton
 
     def sequential(state, inputs, lengths):
-        return ops.wkv7(state, inputs.slot_idx, inputs.cu_seqlens, inputs.r, inputs.w, inputs.k, inputs.v, inputs.a, inputs.b)
+        launch = wkv_dispatch.LAYOUT.launch(len(lengths), min(lengths), state.shape[1], wkv_dispatch.multiprocessors(state.get_device()))
+        return ops.wkv7(state, inputs.slot_idx, inputs.cu_seqlens, inputs.r, inputs.w, inputs.k, inputs.v, inputs.a, inputs.b, False, *launch)
 
     def chunked(state, inputs, lengths, kernel=wkv7_chunked_triton, **options):
         return kernel(
