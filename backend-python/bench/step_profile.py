@@ -9,7 +9,7 @@ after the step's work is queued. After the run:
 
 Steps are grouped by kind (decode-only, or with prompt chunks) and, for the mixed steps, a
 least-squares fit `ms = a + b * prefill_tokens + c * decode_rows` says what a prompt token and a
-riding decode row cost.
+riding decode row cost, where the steps differ enough to tell the terms apart (`mixed_step_fit`).
 
 Two host-side figures say where a gap comes from: the host time from the end of one step's issue
 to the start of the next (results processed, saves queued, admission, planning), and the caching
@@ -156,10 +156,31 @@ class StepProfiler:
                 "longest_chunk": sum(steps[i].longest_chunk for i in idx) / n,
             }  # fmt: skip
         mixed = groups.get("mixed", [])
-        fit = None
-        if len(mixed) >= 4:
-            design = torch.tensor([[1.0, steps[i].prefill_tokens, steps[i].decode_rows] for i in mixed], dtype=torch.float64)
-            target = torch.tensor([spans[i] for i in mixed], dtype=torch.float64).unsqueeze(1)
-            coef = torch.linalg.lstsq(design, target).solution.squeeze(1).tolist()
-            fit = {"ms": coef[0], "us_per_prefill_token": 1000 * coef[1], "us_per_decode_row": 1000 * coef[2]}
+        fit = mixed_step_fit([(steps[i].prefill_tokens, steps[i].decode_rows, spans[i]) for i in mixed])
         return {"steps": len(steps), "total_s": total / 1000, "idle_between_steps_s": sum(gaps) / 1000, "groups": table, "mixed_fit": fit}
+
+
+# The least spread (standard deviation over mean) of the mixed steps' prompt tokens and of their
+# decode rows that can separate the two costs from the base. A burst's mixed steps nearly all carry
+# the whole prefill budget beside most of the streams, so the few that differ (its first and last)
+# decide the fit: two of session 30's four H100 runs gave a negative cost per prompt token
+# (619 ms - 6.4 us a token), which is why a negative coefficient is refused too.
+MIN_FIT_SPREAD = 0.05
+
+
+def mixed_step_fit(samples: list[tuple[float, float, float]]) -> dict[str, float] | None:
+    """`ms = a + b * prefill_tokens + c * decode_rows` by least squares over (prefill tokens,
+    decode rows, ms) of the mixed steps, in ms and us. None for fewer than four steps. When either
+    count spreads less than `MIN_FIT_SPREAD` over the steps, or a cost comes out negative, the
+    three terms cannot be told apart: the result then has `too_alike` and each count's spread
+    instead of the coefficients."""
+    if len(samples) < 4:
+        return None
+    data = torch.tensor(samples, dtype=torch.float64)
+    spreads = [(column.std() / column.mean().clamp_min(1e-9)).item() for column in (data[:, 0], data[:, 1])]
+    if min(spreads) >= MIN_FIT_SPREAD:
+        design = torch.cat([torch.ones(len(samples), 1, dtype=torch.float64), data[:, :2]], dim=1)
+        coef = torch.linalg.lstsq(design, data[:, 2:]).solution.squeeze(1).tolist()
+        if min(coef) >= 0:
+            return {"ms": coef[0], "us_per_prefill_token": 1000 * coef[1], "us_per_decode_row": 1000 * coef[2]}
+    return {"too_alike": 1.0, "prefill_tokens_spread": spreads[0], "decode_rows_spread": spreads[1]}
