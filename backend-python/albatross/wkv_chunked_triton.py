@@ -295,8 +295,8 @@ def wkv7_chunked_triton(
     """`ops.wkv7` by chunks of `chunk` tokens. `lengths` are the host-side token counts of the
     slots (they size the launch without a device sync); `offsets` the device int32 form of
     `chunk_offsets(lengths, chunk)` when the caller keeps one per batch (built here otherwise).
-    `key_major` runs the scan on transposed state rows (the kernel's comment says why; not yet
-    timed, so off). `state` is updated in place. `captures` ([n, H, N, N], the state's dtype) with
+    `key_major` runs the scan on transposed state rows (the kernel's comment says why; 2-8% slower
+    on an H100, so off: docs/kernels.md). `state` is updated in place. `captures` ([n, H, N, N], the state's dtype) with
     `chunk_captures` (device int32, one entry per chunk of the call in `offsets` order: a capture
     index or -1) also copies a slot's state after those chunks (prefix-cache checkpoints).
     `prepare_warps` and `prepare_precision` (default: `precision`) are the prepare kernel's, and
