@@ -172,8 +172,8 @@ def mixed_step_fit(samples: list[tuple[float, float, float]]) -> dict[str, float
     """`ms = a + b * prefill_tokens + c * decode_rows` by least squares over (prefill tokens,
     decode rows, ms) of the mixed steps, in ms and us. None for fewer than four steps. When either
     count spreads less than `MIN_FIT_SPREAD` over the steps, or a cost comes out negative, the
-    three terms cannot be told apart: the result then has `too_alike` and each count's spread
-    instead of the coefficients."""
+    three terms cannot be told apart: the result then has `no_fit`, each count's spread and the
+    least spread a fit needs instead of the coefficients."""
     if len(samples) < 4:
         return None
     data = torch.tensor(samples, dtype=torch.float64)
@@ -183,4 +183,4 @@ def mixed_step_fit(samples: list[tuple[float, float, float]]) -> dict[str, float
         coef = torch.linalg.lstsq(design, data[:, 2:]).solution.squeeze(1).tolist()
         if min(coef) >= 0:
             return {"ms": coef[0], "us_per_prefill_token": 1000 * coef[1], "us_per_decode_row": 1000 * coef[2]}
-    return {"too_alike": 1.0, "prefill_tokens_spread": spreads[0], "decode_rows_spread": spreads[1]}
+    return {"no_fit": 1.0, "prefill_tokens_spread": spreads[0], "decode_rows_spread": spreads[1], "min_spread": MIN_FIT_SPREAD}

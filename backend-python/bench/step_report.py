@@ -23,9 +23,10 @@ def print_report(report: dict[str, object], label: str = "") -> None:
               f"{row.get('between_host_ms', 0.0):>8.1f}{row.get('alloc_retries', 0):>9}{row.get('device_frees', 0):>7}{row.get('allocator_syncs', 0):>7}{row.get('allocator_between', 0):>9}"
               f"{row['decode_rows']:>13.0f}{row['prefill_tokens']:>13.0f}{row['longest_chunk']:>7.0f}")  # fmt: skip
     fit = report.get("mixed_fit")
-    if isinstance(fit, dict) and fit.get("too_alike"):
-        print(f"mixed steps: too alike to fit a cost per prompt token and per decode row (their prompt tokens spread "
-              f"{100 * fit['prefill_tokens_spread']:.1f}%, their decode rows {100 * fit['decode_rows_spread']:.1f}%)")  # fmt: skip
+    if isinstance(fit, dict) and fit.get("no_fit"):
+        print(f"mixed steps: no fit of a cost per prompt token and per decode row (their prompt tokens spread "
+              f"{100 * fit['prefill_tokens_spread']:.1f}%, their decode rows {100 * fit['decode_rows_spread']:.1f}%; "
+              f"a fit needs {100 * fit['min_spread']:.0f}% each and no negative cost)")  # fmt: skip
     elif isinstance(fit, dict):
         print(f"mixed steps: ms = {fit['ms']:.2f} + {fit['us_per_prefill_token']:.2f} us * prefill_tokens + {fit['us_per_decode_row']:.2f} us * decode_rows")
 

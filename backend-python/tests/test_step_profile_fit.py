@@ -25,7 +25,7 @@ def test_steps_that_differ_give_the_costs_they_were_made_of() -> None:
     tokens = [rng.randrange(1_000, 16_384) for _ in range(40)]
     rows = [rng.randrange(0, 960) for _ in range(40)]
     fit = mixed_step_fit(_steps(tokens, rows, noise_ms=0.5))
-    assert fit is not None and not fit.get("too_alike")
+    assert fit is not None and not fit.get("no_fit")
     assert fit["ms"] == pytest.approx(30.0, abs=1.0)
     assert fit["us_per_prefill_token"] == pytest.approx(25.0, abs=0.5)
     assert fit["us_per_decode_row"] == pytest.approx(40.0, abs=2.0)
@@ -35,7 +35,7 @@ def test_steps_alike_in_either_count_are_refused_with_their_spreads() -> None:
     tokens = [16_384 - 7 * n for n in range(16)]  # the whole budget every step
     rows = [100 + 50 * n for n in range(16)]
     fit = mixed_step_fit(_steps(tokens, rows, noise_ms=20.0))
-    assert fit is not None and fit["too_alike"]
+    assert fit is not None and fit["no_fit"]
     assert fit["prefill_tokens_spread"] < 0.05 < fit["decode_rows_spread"]
 
 
@@ -43,9 +43,9 @@ def test_a_negative_cost_is_refused(capsys: pytest.CaptureFixture[str]) -> None:
     # Spread enough, but the times fall as the prompt tokens grow: no cost model explains them.
     samples = [(float(t), float(r), 600.0 - 0.01 * t) for t, r in zip(range(2_000, 18_000, 1_000), [400, 420, 380, 450] * 4)]
     fit = mixed_step_fit(samples)
-    assert fit is not None and fit["too_alike"]
+    assert fit is not None and fit["no_fit"]
     print_report({"steps": 16, "total_s": 1.0, "idle_between_steps_s": 0.0, "groups": {}, "mixed_fit": fit})
-    assert "too alike to fit" in capsys.readouterr().out
+    assert "no fit of a cost per prompt token" in capsys.readouterr().out
 
 
 def test_fewer_than_four_steps_give_no_fit() -> None:
