@@ -73,13 +73,10 @@ class PrefixHasher:
     def length(self) -> int:
         return self._length
 
-    def fork(self) -> "PrefixHasher":
+    def fork(self) -> PrefixHasher:
         """A hasher at this one's point that goes on independently (the head is not hashed again)."""
-        other = PrefixHasher.__new__(PrefixHasher)
-        other._hash = self._hash.copy()
-        other._tokens = self._tokens
-        other._length = self._length
-        other.head = self.head
+        other = copy.copy(self)
+        other._hash = self._hash.copy()  # the one field the two must not share
         return other
 
     def key_at(self, length: int) -> str:
