@@ -9,7 +9,9 @@ by default: on the H200 cuBLAS read the 7.2B decode weights at 3.5-4.5 TB/s, fas
 kernel at every shape and row count measured (docs/performance.md, "Split-K GEMV").
 
 `mm` and `bmm` are the only places the model multiplies by a weight matrix, so a new format (or
-a faster kernel for one) changes nothing in the model.
+a faster kernel for one) changes nothing in the model; `mm_relu_square` is the channel mix's key
+product with its `relu^2`, which a many-row fp16/bf16 call on a Hopper GPU can take in one kernel
+(`albatross/relu_square_triton.py`) when `set_fused_relu_square(True)`.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Union
 
 import torch
 
-from albatross import ops
+from albatross import ops, triton_paths
 from albatross.quant import Int8Weight
 
 Weight = Union[torch.Tensor, Int8Weight]
@@ -38,6 +40,12 @@ _gemv_loaded = False  # latched once the gemv library has registered the op's CU
 # -> 28,740 tok/s and batch 1 202 -> 203; `bench_model.py --fp32-logits on,off` compares.
 FP32_PRODUCT_OUT_BY_DEFAULT = True
 _fp32_product_out = FP32_PRODUCT_OUT_BY_DEFAULT  # benchmarks and tests switch it to compare
+# The key product with relu^2 in its epilogue (relu_square_triton.py), for calls of at least
+# FUSED_RELU_SQUARE_MIN_ROWS rows: off until bench/bench_ffn_key.py shows it beating cuBLAS plus
+# the relu_square pass on a GPU.
+FUSED_RELU_SQUARE_BY_DEFAULT = False
+FUSED_RELU_SQUARE_MIN_ROWS = 1024
+_fused_relu_square = FUSED_RELU_SQUARE_BY_DEFAULT
 
 
 def counters(device: torch.device) -> torch.Tensor:
@@ -122,6 +130,42 @@ def set_fp32_product_out(allowed: bool) -> None:
     """Let `mm_float32` have cuBLAS write fp32, or convert a 16-bit product after."""
     global _fp32_product_out
     _fp32_product_out = allowed
+
+
+def set_fused_relu_square(allowed: bool) -> None:
+    """Let many-row key products take the kernel with relu^2 in its epilogue, or keep cuBLAS and the pass."""
+    global _fused_relu_square
+    _fused_relu_square = allowed
+
+
+def takes_fused_relu_square(x: torch.Tensor, weight: Weight) -> bool:
+    """The fused kernel's preconditions: its TMA loads and stores need rows 16-byte aligned and
+    contiguous along them, and it was built and measured for Hopper (sm90) only."""
+    return (
+        _fused_relu_square
+        and isinstance(weight, torch.Tensor)
+        and x.is_cuda
+        and x.dim() == 2
+        and x.shape[0] >= FUSED_RELU_SQUARE_MIN_ROWS
+        and x.dtype in _GEMV_DTYPES
+        and weight.dtype == x.dtype
+        and x.stride(1) == 1
+        and weight.stride(1) == 1
+        and all(t.data_ptr() % 16 == 0 and (t.stride(0) * t.element_size()) % 16 == 0 for t in (x, weight))
+        and weight.shape[1] % 8 == 0
+        and triton_paths.hopper(x.device)
+    )
+
+
+def mm_relu_square(x: torch.Tensor, weight: Weight) -> torch.Tensor:
+    """`relu(x @ W)^2`, the channel mix's key product: in one kernel where it applies, otherwise
+    the product then the `relu_square` op."""
+    if takes_fused_relu_square(x, weight):
+        from albatross import relu_square_triton  # Triton is imported only where a GPU path runs
+
+        assert isinstance(weight, torch.Tensor)
+        return relu_square_triton.product_relu_square(x, weight)
+    return ops.relu_square(mm(x, weight))
 
 
 def bmm(x: torch.Tensor, weight: Weight) -> torch.Tensor:

@@ -438,7 +438,7 @@ class RWKV7:
 
     def _channel_mix(self, layer: LayerWeights, xk: torch.Tensor) -> torch.Tensor:
         """The channel mix of `xk`, the token-shift mix of the block's second normed input."""
-        return linear.mm(ops.relu_square(linear.mm(xk, layer.ffn_key)), layer.ffn_value)
+        return linear.mm(linear.mm_relu_square(xk, layer.ffn_key), layer.ffn_value)
 
 
 @dataclass(slots=True)

@@ -44,6 +44,16 @@ def launch_dependents(device: torch.device) -> bool:
     return _sm90_or_later(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def hopper(device: torch.device) -> bool:
+    """A Hopper GPU (sm90) with Triton: where the kernels written for its TMA and wgmma were measured."""
+    return _TRITON and device.type == "cuda" and _capability(device.index if device.index is not None else torch.cuda.current_device())[0] == 9
+
+
+@functools.cache
+def _capability(index: int) -> tuple[int, int]:
+    return torch.cuda.get_device_capability(index)
+
+
 @functools.cache
 def _sm90_or_later(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import math
 import sys
 import time
@@ -310,6 +311,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fp32-logits", default="on" if linear.FP32_PRODUCT_OUT_BY_DEFAULT else "off",
                         help="the fp16-state graph decode rows with the LM head's product written in fp32 by cuBLAS (on), "
                         "or in fp16 then converted (off), or both (on,off)")
+    parser.add_argument("--fused-relu-square", default="on" if linear.FUSED_RELU_SQUARE_BY_DEFAULT else "off",
+                        help="prefill with the channel mix's key product and relu^2 in one Triton kernel where it applies (on; "
+                        "albatross/relu_square_triton.py), cuBLAS then the relu_square pass (off), or several in turn (on,off)")
+    parser.add_argument("--relu-square-tiles", type=int, default=0,
+                        help="the fused kernel's tile shape: an index into relu_square_triton.CANDIDATES (0: its TILES)")
     parser.add_argument("--weights", default="fp16", choices=("fp16", "int8"), help="the large matrices' format (int8: W8A16)")
     parser.add_argument("--json", type=Path)
     args = parser.parse_args(argv)
@@ -319,6 +325,12 @@ def main(argv: list[str] | None = None) -> None:
     batches = [int(b) for b in args.batches.split(",")]
     graph_batches = [int(b) for b in args.graph_batches.split(",") if b]
     shape = NAMED_SHAPES[args.shape]
+    relu_tiles_label = ""
+    if "on" in args.fused_relu_square:
+        from albatross import relu_square_triton
+
+        relu_square_triton.TILES = relu_square_triton.CANDIDATES[args.relu_square_tiles]
+        relu_tiles_label = relu_square_triton.TILES.label()
     build = time.perf_counter()
     model = RWKV7.from_state_dict(random_state_dict(shape, seed=0, device="cuda", dtype=torch.float16), "cuda", torch.float16, progress=False, weights=args.weights)
     print(f"built {args.shape} (layers {shape.n_layer}, width {shape.n_embd}, {args.weights} weights) in {time.perf_counter() - build:.1f}s", flush=True)
@@ -348,15 +360,18 @@ def main(argv: list[str] | None = None) -> None:
                     if rows not in layouts:
                         raise SystemExit(f"--wkv-rows takes {', '.join(layouts)}; got {rows!r}")
                     wkv_dispatch.LAYOUT, layout_note = layouts[rows]
-                    for rows_op in on_off_settings(args.norm_rows_op):
+                    for rows_op, fused_key in itertools.product(on_off_settings(args.norm_rows_op), on_off_settings(args.fused_relu_square)):
                         norm_mix.set_rows_op_allowed(rows_op)
+                        linear.set_fused_relu_square(fused_key)
                         for prompts, length in ((1, 4096), (64, 512)):
                             result = bench_prefill(model, pool, prompts, length, args.shape, args.prefill_chunk)
                             result.note += ", " + wkv_notes[setting] + layout_note
                             result.note += ", norm_mix_rows" if rows_op else ", add_layer_norm + shift_mix"
+                            result.note += f", key product + relu^2 fused ({relu_tiles_label})" if fused_key else ""
                             results.append(result)
                             print(asdict(result), flush=True)
                     norm_mix.set_rows_op_allowed(norm_mix.ROWS_OP_BY_DEFAULT)
+                    linear.set_fused_relu_square(linear.FUSED_RELU_SQUARE_BY_DEFAULT)
             wkv_dispatch.POLICY = wkv_dispatch.DEFAULT_POLICY
             wkv_dispatch.LAYOUT = layouts["auto"][0]
             for gemv in on_off_settings(args.gemv) if graph_batches else ():

@@ -1,0 +1,134 @@
+# mypy: ignore-errors
+# (the @triton.jit functions are Triton's language, not Python that mypy can check)
+"""The channel mix's key product with its `relu(.)^2` in the product's epilogue (issue 16, prefill).
+
+The channel mix is `relu(xk @ W_key)^2 @ W_value`. cuBLAS writes the key product's `[rows, F]`
+result (F = 4 C) in 16 bits, then `relu_square` reads it and writes it again: at a 7.2B 64 x 512
+prefill that pass moves 2 GB a layer, 22.6 ms of the 855 ms call on an H100 (docs/performance.md,
+"Session 22"). Here one persistent kernel computes the product on the tensor cores (TMA loads,
+Hopper `wgmma`, fp32 accumulators) and squares the positive part of each accumulator before its
+only store, so the pass and its 2 GB are gone. Whether that pays depends on the product running
+as fast as cuBLAS's; `bench/bench_ffn_key.py` times both and `linear.mm_relu_square` takes this
+kernel only where it was measured to win.
+
+Numerics: `relu(acc)^2` is taken from the fp32 accumulator and rounded once, where the unfused path
+rounds the product to 16 bits, then rounds its square again: this is the more exact of the two
+(tests hold both against float64). `max(acc, 0)` is IEEE maxNum, so a NaN accumulator gives 0, as
+the CUDA `relu_square` kernel's `fmaxf` does.
+
+The twin is `relu_square_torch(x @ W)`; tests/relu_square_triton_interpreter.py runs the kernel
+under Triton's CPU interpreter against it, tests/test_relu_square_triton_cuda.py on a GPU.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from triton.tools.tensor_descriptor import TensorDescriptor
+
+
+@dataclass(frozen=True, slots=True)
+class Tiles:
+    """One launch configuration (bench/bench_ffn_key.py sweeps them)."""
+
+    block_m: int = 128
+    block_n: int = 256
+    block_k: int = 64
+    group_m: int = 8  # row tiles walked together, so neighbouring programs share weight columns in L2
+    stages: int = 3
+    warps: int = 8
+    split_epilogue: bool = True  # store the tile as two halves: half the epilogue's shared memory
+
+    def label(self) -> str:
+        return f"{self.block_m}x{self.block_n}x{self.block_k} st{self.stages} w{self.warps} g{self.group_m}{' split' if self.split_epilogue else ''}"
+
+
+TILES = Tiles()
+# What bench/bench_ffn_key.py times against TILES: the usual Hopper GEMM shapes that fit sm90's
+# shared memory without spills (tests/test_relu_square_triton_cuda.py runs each one).
+CANDIDATES = (
+    TILES,
+    Tiles(stages=4),
+    Tiles(split_epilogue=False),
+    Tiles(group_m=16),
+    Tiles(block_n=128, stages=4),
+    Tiles(block_n=128, stages=4, warps=4),
+    Tiles(block_m=256, block_n=128, stages=3),
+)
+
+
+@triton.jit
+def _tile_of(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
+    """(row tile, column tile) of the persistent loop's `tile`: GROUP_M row tiles at a time, each
+    group walked column by column."""
+    in_group = GROUP_M * tiles_n
+    first_m = (tile // in_group) * GROUP_M
+    rows_here = tl.minimum(tiles_m - first_m, GROUP_M)
+    return first_m + (tile % in_group) % rows_here, (tile % in_group) // rows_here
+
+
+@triton.jit
+def _product_relu_square_kernel(
+    x_desc, w_desc, out_desc, M, N, K,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    PROGRAMS: tl.constexpr, SPLIT_EPILOGUE: tl.constexpr,
+):
+    tiles_m = tl.cdiv(M, BLOCK_M)
+    tiles_n = tl.cdiv(N, BLOCK_N)
+    k_tiles = tl.cdiv(K, BLOCK_K)
+    # The epilogue recomputes its tile from its own counter, so the compiler sees no dependence
+    # between one tile's stores and the next tile's loads (it may start those loads early).
+    done = tl.program_id(0) - PROGRAMS
+    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, PROGRAMS, flatten=True):
+        tile_m, tile_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+        for kk in range(k_tiles):
+            a = x_desc.load([tile_m * BLOCK_M, kk * BLOCK_K])
+            b = w_desc.load([kk * BLOCK_K, tile_n * BLOCK_N])
+            acc = tl.dot(a, b, acc)
+        done += PROGRAMS
+        tile_m, tile_n = _tile_of(done, tiles_m, tiles_n, GROUP_M)
+        acc = tl.maximum(acc, 0.0)
+        acc = acc * acc
+        dtype = out_desc.dtype
+        if SPLIT_EPILOGUE:
+            left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
+            out_desc.store([tile_m * BLOCK_M, tile_n * BLOCK_N], left.to(dtype))
+            out_desc.store([tile_m * BLOCK_M, tile_n * BLOCK_N + BLOCK_N // 2], right.to(dtype))
+        else:
+            out_desc.store([tile_m * BLOCK_M, tile_n * BLOCK_N], acc.to(dtype))
+
+
+@functools.cache
+def _sm_count(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+def product_relu_square(x: torch.Tensor, weight: torch.Tensor, tiles: Tiles | None = None, programs: int | None = None) -> torch.Tensor:
+    """`relu(x @ weight)^2` for x `[M, K]` and weight `[K, N]` of one 16-bit dtype, rows 16-byte
+    aligned (`linear.takes_fused_relu_square` checks). `programs`: the persistent grid (a
+    constant of the build, so a fixed one), the GPU's SM count unless given (the interpreter
+    tests give a small one)."""
+    tiles = tiles or TILES  # read at the call: benchmarks set the module's TILES
+    M, K = x.shape
+    N = weight.shape[1]
+    out = torch.empty((M, N), dtype=x.dtype, device=x.device)
+    if M == 0:
+        return out
+    x_desc = TensorDescriptor(x, [M, K], [x.stride(0), 1], [tiles.block_m, tiles.block_k])
+    w_desc = TensorDescriptor(weight, [K, N], [weight.stride(0), 1], [tiles.block_k, tiles.block_n])
+    out_block = tiles.block_n // 2 if tiles.split_epilogue else tiles.block_n
+    out_desc = TensorDescriptor(out, [M, N], [N, 1], [tiles.block_m, out_block])
+    if programs is None:  # one program an SM; those left without a tile end at once
+        programs = _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device())
+    _product_relu_square_kernel[(programs,)](
+        x_desc, w_desc, out_desc, M, N, K,
+        BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
+        PROGRAMS=programs, SPLIT_EPILOGUE=tiles.split_epilogue,
+        num_warps=tiles.warps, num_stages=tiles.stages,
+    )
+    return out
