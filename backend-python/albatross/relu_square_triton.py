@@ -42,9 +42,13 @@ class Tiles:
     stages: int = 3
     warps: int = 8
     split_epilogue: bool = True  # store the tile as two halves: half the epilogue's shared memory
+    # Programs an SM: at 2, tiles small enough for two to share an SM's shared memory, so one's
+    # epilogue (its stores) overlaps the other's products.
+    per_sm: int = 1
 
     def label(self) -> str:
-        return f"{self.block_m}x{self.block_n}x{self.block_k} st{self.stages} w{self.warps} g{self.group_m}{' split' if self.split_epilogue else ''}"
+        label = f"{self.block_m}x{self.block_n}x{self.block_k} st{self.stages} w{self.warps} g{self.group_m}{' split' if self.split_epilogue else ''}"
+        return label + (f" x{self.per_sm}/SM" if self.per_sm > 1 else "")
 
 
 TILES = Tiles()
@@ -58,6 +62,8 @@ CANDIDATES = (
     Tiles(block_n=128, stages=4),
     Tiles(block_n=128, stages=4, warps=4),
     Tiles(block_m=256, block_n=128, stages=3),
+    Tiles(block_n=128, stages=3, warps=4, per_sm=2),
+    Tiles(block_n=128, stages=3, warps=8, per_sm=2),
 )
 
 
@@ -71,7 +77,8 @@ def _tile_of(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
     return first_m + (tile % in_group) % rows_here, (tile % in_group) // rows_here
 
 
-@triton.jit
+# M (the call's rows) is not specialized: every row count runs one build (TMA bounds the tiles).
+@triton.jit(do_not_specialize=["M"])
 def _product_relu_square_kernel(
     x_desc, w_desc, out_desc, M, N, K,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
@@ -123,8 +130,8 @@ def product_relu_square(x: torch.Tensor, weight: torch.Tensor, tiles: Tiles | No
     w_desc = TensorDescriptor(weight, [K, N], [weight.stride(0), 1], [tiles.block_k, tiles.block_n])
     out_block = tiles.block_n // 2 if tiles.split_epilogue else tiles.block_n
     out_desc = TensorDescriptor(out, [M, N], [N, 1], [tiles.block_m, out_block])
-    if programs is None:  # one program an SM; those left without a tile end at once
-        programs = _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device())
+    if programs is None:  # per_sm programs an SM; those left without a tile end at once
+        programs = tiles.per_sm * _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device())
     _product_relu_square_kernel[(programs,)](
         x_desc, w_desc, out_desc, M, N, K,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,

@@ -11,6 +11,7 @@ import torch
 
 from albatross import linear, ops
 from albatross.random_checkpoint import CheckpointShape, random_state_dict
+from albatross.relu_square_triton import CANDIDATES, Tiles
 
 pytestmark = [
     pytest.mark.cuda,
@@ -48,12 +49,11 @@ def test_as_exact_as_cublas_and_the_pass(rows: int, K: int, N: int, dtype: torch
     assert fused <= BOUND[dtype] and fused <= unfused * 1.01 + 1e-7, (fused, unfused)
 
 
-@pytest.mark.parametrize("index", range(7))
-def test_every_tile_shape_the_benchmark_times(index: int) -> None:
+@pytest.mark.parametrize("tiles", CANDIDATES, ids=lambda tiles: tiles.label())
+def test_every_tile_shape_the_benchmark_times(tiles: Tiles) -> None:
     from albatross import relu_square_triton
 
-    tiles = relu_square_triton.CANDIDATES[index]
-    x, weight = _operands(1500, 1024, 4096 + 256, torch.float16, seed=index)
+    x, weight = _operands(1500, 1024, 4096 + 256, torch.float16, seed=CANDIDATES.index(tiles))
     fused, unfused = _errors(relu_square_triton.product_relu_square(x, weight, tiles), x, weight)
     assert fused <= BOUND[torch.float16] and fused <= unfused * 1.01 + 1e-7, (tiles.label(), fused, unfused)
 
