@@ -36,7 +36,7 @@ from albatross.cuda_graphs import DecodeGraphRunner, forward_decode
 from albatross.dtypes import DTYPES
 from albatross.model import RWKV7
 from albatross.ops import FlatBatch, host_to_device
-from albatross import ops, wkv_dispatch
+from albatross import linear, ops, wkv_dispatch
 from albatross.constraints import MASK_WORDS
 from albatross.wkv_chunked import CHUNK
 from albatross.sampler import MASK32, AllowedTokens, LogitBias, PenaltyPool, SamplingBatch, TopLogprobs, top_logprobs
@@ -138,6 +138,7 @@ class DeviceStep:
         seconds the first long prompt after start would otherwise wait. Only on a GPU, and only
         where a step may carry a chunk that long (`prefill_budget`; the warm-up's activations stay
         within the memory plan's). A failure leaves the build to the first long prompt."""
+        self._warm_fused_key_product(prefill_budget)
         length = wkv_dispatch.POLICY.min_tokens + CHUNK
         if self.device.type != "cuda" or prefill_budget < length or not wkv_dispatch.chunked_kernel_available():
             return
@@ -151,6 +152,21 @@ class DeviceStep:
             logger.exception("building the chunked WKV kernels at load failed; the first long prompt builds them")
         finally:
             self.reset_slots([0])
+
+    def _warm_fused_key_product(self, prefill_budget: int) -> None:
+        """Build the channel mix's fused key product (linear.mm_relu_square) where a step's rows
+        may take it, as Triton would at the first call that does: one build serves every row count."""
+        rows = linear.FUSED_RELU_SQUARE_MIN_ROWS
+        if self.device.type != "cuda" or prefill_budget < rows:
+            return
+        weight = self.model.layers[0].ffn_key
+        probe = torch.empty(rows, self.model.config.n_embd, dtype=self.model.dtype, device=self.device)
+        if not linear.takes_fused_relu_square(probe, weight):
+            return
+        try:
+            linear.mm_relu_square(probe.zero_(), weight)
+        except Exception:
+            logger.exception("building the fused key product at load failed; the first long step builds it")
 
     def reset_slots(self, slots: list[int]) -> None:
         """A fresh sequence: zero state and no penalties. The pool's and penalties' own reset build

@@ -102,3 +102,25 @@ def test_a_prefill_through_it_matches_one_without() -> None:
     got, expected = outputs
     rel = ((got.float() - expected.float()).norm() / expected.float().norm()).item()
     assert 0 < rel < 1e-2, f"logits relative difference {rel:.2e} (0 would mean the kernel did not run)"
+
+
+def test_the_engine_builds_it_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeviceStep.warm_long_prefill takes the fused product once where a step's rows may (so the
+    first long prompt does not wait for Triton's build), and not where the budget is too small."""
+    from albatross.model import RWKV7
+    from albatross_engine.device_step import DeviceStep
+
+    model = RWKV7.from_state_dict(random_state_dict(CheckpointShape(n_layer=2, n_embd=512), seed=9, device=DEV), DEV, progress=False)
+    calls: list[int] = []
+    real = linear.mm_relu_square
+    monkeypatch.setattr(linear, "mm_relu_square", lambda x, weight: calls.append(x.shape[0]) or real(x, weight))
+    linear.set_fused_relu_square(True)
+    try:
+        step = DeviceStep(model, batch_size=2, state_dtype="fp16", cuda_graphs=False)
+        probe_rows = linear.FUSED_RELU_SQUARE_MIN_ROWS  # the chunked kernels' warm-up prompt is shorter
+        step.warm_long_prefill(prefill_budget=probe_rows - 1)
+        assert probe_rows not in calls, calls
+        step.warm_long_prefill(prefill_budget=16384)
+        assert calls.count(probe_rows) == 1, calls
+    finally:
+        linear.set_fused_relu_square(linear.FUSED_RELU_SQUARE_BY_DEFAULT)
