@@ -45,9 +45,13 @@ class Tiles:
     # Programs an SM: at 2, tiles small enough for two to share an SM's shared memory, so one's
     # epilogue (its stores) overlaps the other's products.
     per_sm: int = 1
+    # Triton's Hopper warp specialization of the product loop (`warps` 4: a loading warp group and
+    # two computing ones, 12 warps in all); the tile is then stored without TMA.
+    warp_specialize: bool = False
 
     def label(self) -> str:
-        label = f"{self.block_m}x{self.block_n}x{self.block_k} st{self.stages} w{self.warps} g{self.group_m}{' split' if self.split_epilogue else ''}"
+        label = f"{self.block_m}x{self.block_n}x{self.block_k} st{self.stages} w{self.warps} g{self.group_m}"
+        label += " ws" if self.warp_specialize else (" split" if self.split_epilogue else "")
         return label + (f" x{self.per_sm}/SM" if self.per_sm > 1 else "")
 
 
@@ -64,6 +68,8 @@ CANDIDATES = (
     Tiles(block_m=256, block_n=128, stages=3),
     Tiles(block_n=128, stages=3, warps=4, per_sm=2),
     Tiles(block_n=128, stages=3, warps=8, per_sm=2),
+    Tiles(warps=4, warp_specialize=True),
+    Tiles(block_n=128, stages=4, warps=4, warp_specialize=True),
 )
 
 
@@ -80,9 +86,9 @@ def _tile_of(tile, tiles_m, tiles_n, GROUP_M: tl.constexpr):
 # M (the call's rows) is not specialized: every row count runs one build (TMA bounds the tiles).
 @triton.jit(do_not_specialize=["M"])
 def _product_relu_square_kernel(
-    x_desc, w_desc, out_desc, M, N, K,
+    x_desc, w_desc, out_desc, out_ptr, M, N, K,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
-    PROGRAMS: tl.constexpr, SPLIT_EPILOGUE: tl.constexpr,
+    PROGRAMS: tl.constexpr, SPLIT_EPILOGUE: tl.constexpr, WARP_SPECIALIZE: tl.constexpr,
 ):
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -90,10 +96,12 @@ def _product_relu_square_kernel(
     # The epilogue recomputes its tile from its own counter, so the compiler sees no dependence
     # between one tile's stores and the next tile's loads (it may start those loads early).
     done = tl.program_id(0) - PROGRAMS
-    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, PROGRAMS, flatten=True):
+    for tile in tl.range(tl.program_id(0), tiles_m * tiles_n, PROGRAMS, flatten=not WARP_SPECIALIZE):
         tile_m, tile_n = _tile_of(tile, tiles_m, tiles_n, GROUP_M)
         acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-        for kk in range(k_tiles):
+        # WARP_SPECIALIZE: Triton's Hopper warp specialization, one warp group issuing the TMA
+        # loads and two computing (the launch's 4 warps become 12).
+        for kk in tl.range(k_tiles, warp_specialize=WARP_SPECIALIZE):
             a = x_desc.load([tile_m * BLOCK_M, kk * BLOCK_K])
             b = w_desc.load([kk * BLOCK_K, tile_n * BLOCK_N])
             acc = tl.dot(a, b, acc)
@@ -101,8 +109,13 @@ def _product_relu_square_kernel(
         tile_m, tile_n = _tile_of(done, tiles_m, tiles_n, GROUP_M)
         acc = tl.maximum(acc, 0.0)
         acc = acc * acc
-        dtype = out_desc.dtype
-        if SPLIT_EPILOGUE:
+        dtype = out_ptr.dtype.element_ty
+        if WARP_SPECIALIZE:  # the pass refuses a TMA store after the loop; plain masked stores
+            rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
+            cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)
+            live = (rows[:, None] < M) & (cols[None, :] < N)
+            tl.store(out_ptr + rows[:, None].to(tl.int64) * N + cols[None, :], acc.to(dtype), mask=live)
+        elif SPLIT_EPILOGUE:
             left, right = tl.split(tl.permute(tl.reshape(acc, (BLOCK_M, 2, BLOCK_N // 2)), (0, 2, 1)))
             out_desc.store([tile_m * BLOCK_M, tile_n * BLOCK_N], left.to(dtype))
             out_desc.store([tile_m * BLOCK_M, tile_n * BLOCK_N + BLOCK_N // 2], right.to(dtype))
@@ -133,9 +146,9 @@ def product_relu_square(x: torch.Tensor, weight: torch.Tensor, tiles: Tiles | No
     if programs is None:  # per_sm programs an SM; those left without a tile end at once
         programs = tiles.per_sm * _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device())
     _product_relu_square_kernel[(programs,)](
-        x_desc, w_desc, out_desc, M, N, K,
+        x_desc, w_desc, out_desc, out, M, N, K,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,
-        PROGRAMS=programs, SPLIT_EPILOGUE=tiles.split_epilogue,
+        PROGRAMS=programs, SPLIT_EPILOGUE=tiles.split_epilogue, WARP_SPECIALIZE=tiles.warp_specialize,
         num_warps=tiles.warps, num_stages=tiles.stages,
     )
     return out

@@ -19,11 +19,12 @@ def _signature(tiles: Tiles, dtype: str) -> tuple[dict[str, str], dict[str, obje
         "x_desc": f"tensordesc<{dtype}[{tiles.block_m}, {tiles.block_k}]>",
         "w_desc": f"tensordesc<{dtype}[{tiles.block_k}, {tiles.block_n}]>",
         "out_desc": f"tensordesc<{dtype}[{tiles.block_m}, {out_block}]>",
+        "out_ptr": f"*{dtype}",
         **dict.fromkeys(("M", "N", "K"), "i32"),
-        **dict.fromkeys(("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "PROGRAMS", "SPLIT_EPILOGUE"), "constexpr"),
+        **dict.fromkeys(("BLOCK_M", "BLOCK_N", "BLOCK_K", "GROUP_M", "PROGRAMS", "SPLIT_EPILOGUE", "WARP_SPECIALIZE"), "constexpr"),
     }
     constants = {"BLOCK_M": tiles.block_m, "BLOCK_N": tiles.block_n, "BLOCK_K": tiles.block_k, "GROUP_M": tiles.group_m,
-                 "PROGRAMS": 132, "SPLIT_EPILOGUE": tiles.split_epilogue}  # fmt: skip
+                 "PROGRAMS": 132, "SPLIT_EPILOGUE": tiles.split_epilogue, "WARP_SPECIALIZE": tiles.warp_specialize}  # fmt: skip
     return signature, constants
 
 
@@ -35,7 +36,9 @@ def test_the_products_are_wgmma_on_tma_loads_without_spills(tiles: Tiles, dtype:
     assert build.wgmma > 0, build
     tma_loads = sum(n for op, n in build.memory_ops.items() if op.startswith("cp.async.bulk.tensor") and "mbarrier" in op)
     tma_stores = sum(n for op, n in build.memory_ops.items() if op.startswith("cp.async.bulk.tensor") and "bulk_group" in op)
-    assert tma_loads > 0 and tma_stores > 0, build.memory_ops
+    assert tma_loads > 0 and (tma_stores > 0) != tiles.warp_specialize, build.memory_ops
+    # warp-specialized: a loading warp group and two computing ones, whatever the launch asked for
+    assert build.warps == (12 if tiles.warp_specialize else tiles.warps), build.warps
     assert build.spill_bytes == 0 and 0 < build.registers <= 255, build
     assert build.shared_bytes <= SM90_SHARED_BYTES, build
     # per_sm programs share an SM: 228 KB, less 1 KB the system keeps for each block

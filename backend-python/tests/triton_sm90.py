@@ -32,6 +32,7 @@ class Sm90Build:
     registers: int
     spill_bytes: int
     memory_ops: Counter[str]  # the PTX's loads, stores, copies and tensor-core instructions, with their widths, by count
+    warps: int = 0  # as launched: a warp-specialized build has more than it was asked for
 
 
 # A PTX instruction that moves data or feeds the tensor cores: its opcode with every qualifier
@@ -72,4 +73,5 @@ def compile_sm90(
         registers=int(registers.group(1)) if registers else -1,
         spill_bytes=int(spills.group(1)) if spills else -1,
         memory_ops=Counter(_MEMORY_OP.findall(ptx)),
+        warps=int(kernel.metadata.num_warps),
     )
