@@ -117,6 +117,7 @@ class DeviceStep:
     def __init__(self, model: RWKV7, batch_size: int, state_dtype: str = "fp32", cuda_graphs: bool = True) -> None:
         self.model = model
         self.device = model.device
+        self.batch_size = batch_size
         self.vocab_size = model.config.vocab_size
         use_graphs = cuda_graphs and self.device.type == "cuda"
         # Graph replays pad short batches with a scratch slot, which the scheduler never hands out.
@@ -155,9 +156,10 @@ class DeviceStep:
 
     def _warm_fused_key_product(self, prefill_budget: int) -> None:
         """Build the channel mix's fused key product (linear.mm_relu_square) where a step's rows
-        may take it, as Triton would at the first call that does: one build serves every row count."""
+        (its prompt budget and decode rows) may take it, as Triton would at the first call that
+        does: one build serves every row count."""
         rows = linear.FUSED_RELU_SQUARE_MIN_ROWS
-        if self.device.type != "cuda" or prefill_budget < rows:
+        if self.device.type != "cuda" or prefill_budget + self.batch_size < rows:
             return
         weight = self.model.layers[0].ffn_key
         probe = torch.empty(rows, self.model.config.n_embd, dtype=self.model.dtype, device=self.device)

@@ -106,7 +106,8 @@ def test_a_prefill_through_it_matches_one_without() -> None:
 
 def test_the_engine_builds_it_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
     """DeviceStep.warm_long_prefill takes the fused product once where a step's rows may (so the
-    first long prompt does not wait for Triton's build), and not where the budget is too small."""
+    first long prompt does not wait for Triton's build), and not where no step can have that many
+    rows (prompt budget plus decode rows)."""
     from albatross.model import RWKV7
     from albatross_engine.device_step import DeviceStep
 
@@ -118,7 +119,7 @@ def test_the_engine_builds_it_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
     try:
         step = DeviceStep(model, batch_size=2, state_dtype="fp16", cuda_graphs=False)
         probe_rows = linear.FUSED_RELU_SQUARE_MIN_ROWS  # the chunked kernels' warm-up prompt is shorter
-        step.warm_long_prefill(prefill_budget=probe_rows - 1)
+        step.warm_long_prefill(prefill_budget=probe_rows - 3)  # with the 2 decode rows, one short
         assert probe_rows not in calls, calls
         step.warm_long_prefill(prefill_budget=16384)
         assert calls.count(probe_rows) == 1, calls
