@@ -11,10 +11,15 @@ only store, so the pass and its 2 GB are gone. Whether that pays depends on the 
 as fast as cuBLAS's; `bench/bench_ffn_key.py` times both and `linear.mm_relu_square` takes this
 kernel only where it was measured to win.
 
-Numerics: `relu(acc)^2` is taken from the fp32 accumulator and rounded once, where the unfused path
-rounds the product to 16 bits, then rounds its square again: this is the more exact of the two
-(tests hold both against float64). `max(acc, 0)` is IEEE maxNum, so a NaN accumulator gives 0, as
-the CUDA `relu_square` kernel's `fmaxf` does.
+Numerics: the epilogue rounds each fp32 accumulator to the activation dtype first, as cuBLAS
+stores the product, and then squares its positive part in fp32 and rounds again, as `relu_square`
+does; `max(k, 0)` is IEEE maxNum, so a NaN gives 0 as the CUDA kernel's `fmaxf` does. So a row
+gets the unfused path's roundings whichever path its call takes, and differs from it only as
+cuBLAS's own kernels differ from one row count to another (the order of the fp32 sums): the API's
+promise that a seed gives the same output whatever else runs (docs/api.md) holds as it does
+today. Squaring the unrounded accumulator would be more exact, but would move a row's logits by
+an fp16 rounding whenever its call crossed the row threshold (the batch-1 Triton paths were
+turned off for that, docs/kernels.md).
 
 The twin is `relu_square_torch(x @ W)`; tests/relu_square_triton_interpreter.py runs the kernel
 under Triton's CPU interpreter against it, tests/test_relu_square_triton_cuda.py on a GPU.
@@ -107,9 +112,9 @@ def _product_relu_square_kernel(
             acc = tl.dot(a, b, acc)
         done += PROGRAMS
         tile_m, tile_n = _tile_of(done, tiles_m, tiles_n, GROUP_M)
-        acc = tl.maximum(acc, 0.0)
-        acc = acc * acc
         dtype = out_ptr.dtype.element_ty
+        acc = tl.maximum(acc.to(dtype).to(tl.float32), 0.0)  # the product as stored, then relu_square
+        acc = acc * acc
         if WARP_SPECIALIZE:  # the pass refuses a TMA store after the loop; plain masked stores
             rows = tile_m * BLOCK_M + tl.arange(0, BLOCK_M)
             cols = tile_n * BLOCK_N + tl.arange(0, BLOCK_N)

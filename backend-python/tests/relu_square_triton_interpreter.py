@@ -1,7 +1,8 @@
 """Runs the key product with its relu^2 epilogue (albatross/relu_square_triton.py) under Triton's
-CPU interpreter and prints one JSON line per case: its error and the unfused path's
-(`relu_square_torch(x @ W)`, rounded twice) against float64 (test_relu_square_triton.py starts it
-in a child process, because TRITON_INTERPRET must be set before the kernel is decorated).
+CPU interpreter and prints one JSON line per case: how it differs from the unfused path
+(`relu_square_torch` of the fp32 product rounded to fp16), and both paths' errors against float64
+(test_relu_square_triton.py starts it in a child process, because TRITON_INTERPRET must be set
+before the kernel is decorated).
 
     TRITON_INTERPRET=1 python tests/relu_square_triton_interpreter.py
 """
@@ -54,6 +55,10 @@ def main() -> None:
             "name": name, "act": act, "shape": list(got.shape), "want_shape": [M, N], "dtype": str(got.dtype),
             "error": float((got.double() - exact).abs().max()) / scale,
             "unfused_error": float((unfused.double() - exact).abs().max()) / scale,
+            # against the unfused path: elements that differ, and the largest difference relative
+            # to the element (a product that rounds to the neighbouring fp16 value, squared)
+            "mismatch_fraction": float((got != unfused).double().mean()),
+            "worst_mismatch": float(((got.double() - unfused.double()).abs() / (unfused.double().abs() + 2.0**-24)).max()),
             # relu's zeros stay zeros; a zero elsewhere only where the square is below fp16's least
             # subnormal (2**-24), which rounds to 0
             "negatives": int((got < 0).sum()), "missed_zeros": int(((exact == 0) & (got != 0)).sum()),

@@ -1,7 +1,8 @@
 """The key product with relu^2 in its epilogue (albatross/relu_square_triton.py) under Triton's
 CPU interpreter (a child process, since TRITON_INTERPRET must be set before the kernel is
-decorated): against float64 it is at least as exact as the unfused path (the product rounded to
-16 bits, then squared and rounded again), on random inputs at sizes on and off its tiles. On a
+decorated) rounds as the unfused path does (the product to 16 bits, then its square), so it
+differs from it only where the fp32 sums, added in another order, round to a neighbouring value:
+on random inputs at sizes on and off its tiles. On a
 GPU, test_relu_square_triton_cuda.py runs it for real. The dispatch keeps cuBLAS and the pass
 where the kernel does not apply."""
 
@@ -27,12 +28,14 @@ def test_every_case_ran(cases: list[dict[str, object]]) -> None:
     assert len(cases) == 8, [case["name"] for case in cases]
 
 
-def test_the_fused_product_is_as_exact_as_the_unfused_path(cases: list[dict[str, object]]) -> None:
+def test_the_fused_product_rounds_as_the_unfused_path(cases: list[dict[str, object]]) -> None:
     for case in cases:
         assert case["shape"] == case["want_shape"] and case["dtype"] == "torch.float16", case
-        # one rounding of an fp32 accumulator's square: half an fp16 ulp, ~4.9e-4 of the largest
-        assert float(case["error"]) <= 5e-4, case
-        assert float(case["error"]) <= float(case["unfused_error"]) * 1.01, case
+        assert float(case["mismatch_fraction"]) <= 0.01, case
+        # a product one fp16 ulp (<= 2**-10 of it) away, squared and rounded: under 2**-8 of the element
+        assert float(case["worst_mismatch"]) <= 2.0**-8, case
+        # so its error against float64 is the unfused path's: two fp16 roundings, ~1e-3 of the largest
+        assert float(case["error"]) <= 1.5e-3 and abs(float(case["error"]) - float(case["unfused_error"])) <= 5e-4, case
         assert case["negatives"] == 0 and case["missed_zeros"] == 0 and case["spurious_zeros"] == 0, case
 
 

@@ -1,8 +1,9 @@
 """The key product with relu^2 in its epilogue (albatross/relu_square_triton.py) on a Hopper GPU
-(skipped elsewhere): against float64 at least as exact as cuBLAS plus the relu_square pass, at the
-7.2B channel mix's shape and sizes off the tiles, in fp16 and bf16, at every tile shape the
-benchmark times; a NaN row as the pass has it; replay from a CUDA graph; a prefill through it
-against one without it."""
+(skipped elsewhere): it rounds as cuBLAS plus the relu_square pass do, so it differs from them
+only where the fp32 sums, added in another order, round to a neighbouring value, at the 7.2B
+channel mix's shape and sizes off the tiles, in fp16 and bf16, at every tile shape the benchmark
+times; a NaN row as the pass has it; replay from a CUDA graph; a prefill through it against one
+without it; the engine's build of it at load."""
 
 from __future__ import annotations
 
@@ -19,9 +20,9 @@ pytestmark = [
 ]
 
 DEV = "cuda"
-# Of the largest output: one rounding of the fp32 accumulator's square is half an ulp (fp16 2**-11,
-# bf16 2**-8); the accumulators themselves differ from float64 by a few fp32 ulps a sum.
-BOUND = {torch.float16: 6e-4, torch.bfloat16: 4.5e-3}
+# Against the unfused path, relative to the element: a product one ulp away (fp16 2**-10, bf16
+# 2**-7 of it at most), squared and rounded again.
+WORST = {torch.float16: 2.0**-8, torch.bfloat16: 2.0**-5}
 
 
 def _operands(rows: int, K: int, N: int, dtype: torch.dtype, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -30,23 +31,28 @@ def _operands(rows: int, K: int, N: int, dtype: torch.dtype, seed: int) -> tuple
     return x, (torch.randn(K, N, generator=gen, device=DEV) * K**-0.5).to(dtype)
 
 
-def _errors(got: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> tuple[float, float]:
-    exact = torch.relu(x.double() @ weight.double()).square()
+def _check(got: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> None:
+    """`got` against cuBLAS plus the pass: few elements differ, each by a neighbouring product's
+    square; so its error against float64 is theirs."""
     unfused = ops.relu_square(x @ weight)
+    assert got.shape == unfused.shape and got.dtype == unfused.dtype
+    differ = (got != unfused).double().mean().item()
+    worst = ((got.double() - unfused.double()).abs() / (unfused.double().abs() + 2.0**-24)).max().item()
+    assert differ <= 0.01 and worst <= WORST[x.dtype], (differ, worst)
+    exact = torch.relu(x.double() @ weight.double()).square()
     scale = exact.abs().max()
-    return ((got.double() - exact).abs().max() / scale).item(), ((unfused.double() - exact).abs().max() / scale).item()
+    fused_error = ((got.double() - exact).abs().max() / scale).item()
+    unfused_error = ((unfused.double() - exact).abs().max() / scale).item()
+    assert fused_error <= 1.5 * unfused_error + 1e-6, (fused_error, unfused_error)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 @pytest.mark.parametrize(("rows", "K", "N"), [(1, 256, 1024), (17, 256, 1024), (1023, 512, 2048), (4097, 4096, 16384), (300, 2560, 10240)])
-def test_as_exact_as_cublas_and_the_pass(rows: int, K: int, N: int, dtype: torch.dtype) -> None:
+def test_rounds_as_cublas_and_the_pass(rows: int, K: int, N: int, dtype: torch.dtype) -> None:
     from albatross import relu_square_triton
 
     x, weight = _operands(rows, K, N, dtype, seed=rows + K)
-    got = relu_square_triton.product_relu_square(x, weight)
-    assert got.shape == (rows, N) and got.dtype == dtype
-    fused, unfused = _errors(got, x, weight)
-    assert fused <= BOUND[dtype] and fused <= unfused * 1.01 + 1e-7, (fused, unfused)
+    _check(relu_square_triton.product_relu_square(x, weight), x, weight)
 
 
 @pytest.mark.parametrize("tiles", CANDIDATES, ids=lambda tiles: tiles.label())
@@ -54,8 +60,7 @@ def test_every_tile_shape_the_benchmark_times(tiles: Tiles) -> None:
     from albatross import relu_square_triton
 
     x, weight = _operands(1500, 1024, 4096 + 256, torch.float16, seed=CANDIDATES.index(tiles))
-    fused, unfused = _errors(relu_square_triton.product_relu_square(x, weight, tiles), x, weight)
-    assert fused <= BOUND[torch.float16] and fused <= unfused * 1.01 + 1e-7, (tiles.label(), fused, unfused)
+    _check(relu_square_triton.product_relu_square(x, weight, tiles), x, weight)
 
 
 def test_a_nan_row_gives_what_the_pass_gives() -> None:
@@ -86,11 +91,15 @@ def test_replays_from_a_cuda_graph() -> None:
     assert torch.equal(out, relu_square_triton.product_relu_square(fresh, weight))
 
 
-def test_a_prefill_through_it_matches_one_without() -> None:
+def test_a_prefill_through_it_matches_one_without(monkeypatch: pytest.MonkeyPatch) -> None:
+    from albatross import relu_square_triton
     from albatross.model import RWKV7
 
     model = RWKV7.from_state_dict(random_state_dict(CheckpointShape(n_layer=2, n_embd=512), seed=9, device=DEV), DEV, progress=False)
     prompts = [[(7 * i + 3 * s) % 60000 + 1 for i in range(600)] for s in range(2)]  # 1,200 rows: over the threshold
+    calls: list[int] = []
+    real = relu_square_triton.product_relu_square
+    monkeypatch.setattr(relu_square_triton, "product_relu_square", lambda x, weight: calls.append(x.shape[0]) or real(x, weight))
     outputs = []
     for enabled in (True, False):
         linear.set_fused_relu_square(enabled)
@@ -99,9 +108,10 @@ def test_a_prefill_through_it_matches_one_without() -> None:
             outputs.append(model.forward(pool, [0, 1], prompts))
         finally:
             linear.set_fused_relu_square(linear.FUSED_RELU_SQUARE_BY_DEFAULT)
+    assert calls == [1200, 1200], calls  # one a layer, with the path on only
     got, expected = outputs
     rel = ((got.float() - expected.float()).norm() / expected.float().norm()).item()
-    assert 0 < rel < 1e-2, f"logits relative difference {rel:.2e} (0 would mean the kernel did not run)"
+    assert rel < 1e-3, f"logits relative difference {rel:.2e} (the same roundings: only the sums' order differs)"
 
 
 def test_the_engine_builds_it_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
