@@ -34,12 +34,18 @@ def loras_torch(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(lora `[n, rows, C]`: the stack's outputs in its order, gate `[rows, C]`) from the six token
     mixes `[6, rows, C]` (r, k, v, w, a, g): the stack takes (v, w, a), or (w, a) in block 0."""
+    hidden, gate = hidden_and_gate(mixes, lora_down, g1, g2)
+    return linear.bmm(hidden, lora_up), gate
+
+
+def hidden_and_gate(mixes: torch.Tensor, lora_down: torch.Tensor, g1: torch.Tensor, g2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The stack's hidden rows `[n, rows, R]` (its down products, the decay's tanh applied) and the
+    gate `[rows, C]`: all of the LoRAs but the stack's up products, which `lora_prep` can take
+    together with `wkv_prep`."""
     stacked = lora_down.shape[0]
     hidden = linear.bmm(mixes[5 - stacked : 5], lora_down)
     hidden[-2].tanh_()  # the decay LoRA's nonlinearity; the others are linear
-    lora = linear.bmm(hidden, lora_up)
-    gate = linear.mm(torch.sigmoid(linear.mm(mixes[5], g1)), g2)
-    return lora, gate
+    return hidden, linear.mm(torch.sigmoid(linear.mm(mixes[5], g1)), g2)
 
 
 def block_loras(

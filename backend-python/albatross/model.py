@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from albatross import linear, loras, norm_mix, ops, wkv_decode, wkv_dispatch
+from albatross import linear, lora_prep, loras, norm_mix, ops, wkv_decode, wkv_dispatch
 from albatross.checkpoint import ModelConfig, fingerprint, read_state_dict, resolve_checkpoint_path, validate_state_dict
 from albatross.dtypes import DTYPES, SUPPORTED_DTYPES, default_dtype_name, dtype_named
 from albatross.quant import DEFAULT_WEIGHT_FORMAT, LARGE_MATRICES, Int8Weight, check_weight_format, quantize
@@ -422,18 +422,25 @@ class RWKV7:
         # Few, large ops: at batch 1 the step is bound by the host's per-op cost. `mixes` are the
         # six token-shift mixes of the block's normed input (norm_mix).
         r, k, v = linear.bmm(mixes[:3], layer.rkv).unbind(0)
-        # mixes is (r, k, v, w, a, g): the stacked LoRAs take (v, w, a), or (w, a) in block 0.
-        lora, g = loras.block_loras(mixes, layer.lora_down, layer.lora_up, layer.g1, layer.g2)
-        stacked = lora.shape[0]
-        w_lora, a_lora = lora[-2], lora[-1]
         if index == 0:  # block 0 defines v_first and has no value residual
             v_first = v
-            v_lora, first = None, None
+            first = None
         else:
-            assert layer.v0 is not None and stacked == 3
-            v_lora, first = lora[0], v_first
+            assert layer.v0 is not None and layer.lora_down.shape[0] == 3
+            first = v_first
         saving = None if captures is None else (captures.cuts, captures.wkv[index])
-        y = wkv_decode.prep_wkv_gate(wkv_state, batch, (r, k, v), g, (v_lora, w_lora, a_lora), first, self._step_weights[index], saving)
+        weights = self._step_weights[index]
+        if lora_prep.applies(k, batch, layer.lora_down):  # many prompt rows: the up products and wkv_prep in one kernel
+            from albatross import lora_prep_triton  # Triton is imported only where a GPU path runs
+
+            hidden, g = loras.hidden_and_gate(mixes, layer.lora_down, layer.g1, layer.g2)
+            w, a, b = lora_prep_triton.lora_prep(hidden, layer.lora_up, k, v, first, weights.w0, weights.a0, weights.v0, weights.k_k, weights.k_a)
+            y = wkv_decode.wkv_gate(wkv_state, batch, r, (w, k, v, a, b), g, weights, saving)
+            return linear.mm(y, layer.output), v_first
+        # mixes is (r, k, v, w, a, g): the stacked LoRAs take (v, w, a), or (w, a) in block 0.
+        lora, g = loras.block_loras(mixes, layer.lora_down, layer.lora_up, layer.g1, layer.g2)
+        v_lora = lora[0] if index > 0 else None
+        y = wkv_decode.prep_wkv_gate(wkv_state, batch, (r, k, v), g, (v_lora, lora[-2], lora[-1]), first, weights, saving)
         return linear.mm(y, layer.output), v_first
 
     def _channel_mix(self, layer: LayerWeights, xk: torch.Tensor) -> torch.Tensor:

@@ -115,6 +115,21 @@ def prep_wkv_gate_torch(
     r, k, v = rkv
     v_lora, w_lora, a_lora = loras
     w, a, b = ops.wkv_prep(k, v, w_lora, a_lora, v_lora, v_first, weights.w0, weights.a0, weights.v0, weights.k_k, weights.k_a)
+    return wkv_gate(state, batch, r, (w, k, v, a, b), g, weights, saving)
+
+
+def wkv_gate(
+    state: torch.Tensor,
+    batch: ops.FlatBatch,
+    r: torch.Tensor,
+    prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    g: torch.Tensor,
+    weights: StepWeights,
+    saving: tuple[tuple[tuple[int, ...], ...], torch.Tensor] | None = None,
+) -> torch.Tensor:
+    """The WKV op and `gn_bonus_gate` on `wkv_prep`'s results (w, k, v, -kk, kk * a): the rest of
+    the step after the prep, which `lora_prep` may have run fused with the LoRA up products."""
+    w, k, v, a, b = prepared
     cuts, captures = saving if saving is not None else (None, None)
     y = wkv_dispatch.wkv7(state, batch, r, w, k, v, a, b, cuts=cuts, captures=captures)  # by the call's lengths
     return ops.gn_bonus_gate(y, r, k, v, g, weights.r_k, weights.ln_weight, weights.ln_bias)

@@ -24,7 +24,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from albatross import cuda_ops, linear, loras, norm_mix, ops, sampler, wkv_decode, wkv_dispatch
+from albatross import cuda_ops, linear, lora_prep, loras, norm_mix, ops, sampler, wkv_decode, wkv_dispatch
 from albatross.cuda_graphs import DecodeGraphRunner
 from albatross.model import RWKV7
 from albatross.random_checkpoint import NAMED_SHAPES, random_state_dict
@@ -314,6 +314,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--fused-relu-square", default="on" if linear.FUSED_RELU_SQUARE_BY_DEFAULT else "off",
                         help="prefill with the channel mix's key product and relu^2 in one Triton kernel where it applies (on; "
                         "albatross/relu_square_triton.py), cuBLAS then the relu_square pass (off), or several in turn (on,off)")
+    parser.add_argument("--fused-lora-prep", default="on" if lora_prep.FUSED_BY_DEFAULT else "off",
+                        help="prefill with the LoRA up products and wkv_prep in one Triton kernel where it applies (on; "
+                        "albatross/lora_prep_triton.py), the bmm then the wkv_prep op (off), or several in turn (on,off)")
+    parser.add_argument("--lora-prep-tiles", type=int, default=0,
+                        help="the fused LoRA + prep kernel's tile shape: an index into lora_prep_triton.CANDIDATES (0: its TILES)")
     parser.add_argument("--relu-square-tiles", type=int, default=0,
                         help="the fused kernel's tile shape: an index into relu_square_triton.CANDIDATES (0: its TILES)")
     parser.add_argument("--weights", default="fp16", choices=("fp16", "int8"), help="the large matrices' format (int8: W8A16)")
@@ -331,6 +336,12 @@ def main(argv: list[str] | None = None) -> None:
 
         relu_square_triton.TILES = relu_square_triton.CANDIDATES[args.relu_square_tiles]
         relu_tiles_label = relu_square_triton.TILES.label()
+    prep_tiles_label = ""
+    if "on" in args.fused_lora_prep:
+        from albatross import lora_prep_triton
+
+        lora_prep_triton.TILES = lora_prep_triton.CANDIDATES[args.lora_prep_tiles]
+        prep_tiles_label = str(lora_prep_triton.TILES)
     build = time.perf_counter()
     model = RWKV7.from_state_dict(random_state_dict(shape, seed=0, device="cuda", dtype=torch.float16), "cuda", torch.float16, progress=False, weights=args.weights)
     print(f"built {args.shape} (layers {shape.n_layer}, width {shape.n_embd}, {args.weights} weights) in {time.perf_counter() - build:.1f}s", flush=True)
@@ -360,18 +371,23 @@ def main(argv: list[str] | None = None) -> None:
                     if rows not in layouts:
                         raise SystemExit(f"--wkv-rows takes {', '.join(layouts)}; got {rows!r}")
                     wkv_dispatch.LAYOUT, layout_note = layouts[rows]
-                    for rows_op, fused_key in itertools.product(on_off_settings(args.norm_rows_op), on_off_settings(args.fused_relu_square)):
+                    for rows_op, fused_key, fused_prep in itertools.product(
+                        on_off_settings(args.norm_rows_op), on_off_settings(args.fused_relu_square), on_off_settings(args.fused_lora_prep)
+                    ):
                         norm_mix.set_rows_op_allowed(rows_op)
                         linear.set_fused_relu_square(fused_key)
+                        lora_prep.set_fused_allowed(fused_prep)
                         for prompts, length in ((1, 4096), (64, 512)):
                             result = bench_prefill(model, pool, prompts, length, args.shape, args.prefill_chunk)
                             result.note += ", " + wkv_notes[setting] + layout_note
                             result.note += ", norm_mix_rows" if rows_op else ", add_layer_norm + shift_mix"
                             result.note += f", key product + relu^2 fused ({relu_tiles_label})" if fused_key else ""
+                            result.note += f", LoRA up + wkv_prep fused ({prep_tiles_label})" if fused_prep else ""
                             results.append(result)
                             print(asdict(result), flush=True)
                     norm_mix.set_rows_op_allowed(norm_mix.ROWS_OP_BY_DEFAULT)
                     linear.set_fused_relu_square(linear.FUSED_RELU_SQUARE_BY_DEFAULT)
+                    lora_prep.set_fused_allowed(lora_prep.FUSED_BY_DEFAULT)
             wkv_dispatch.POLICY = wkv_dispatch.DEFAULT_POLICY
             wkv_dispatch.LAYOUT = layouts["auto"][0]
             for gemv in on_off_settings(args.gemv) if graph_batches else ():
