@@ -128,8 +128,12 @@ def _product_relu_square_kernel(
             out_desc.store([tile_m * BLOCK_M, tile_n * BLOCK_N], acc.to(dtype))
 
 
+def _sm_count(device: torch.device) -> int:
+    return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
+
+
 @functools.cache
-def _sm_count(index: int) -> int:
+def _sm_count_of(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
@@ -149,7 +153,7 @@ def product_relu_square(x: torch.Tensor, weight: torch.Tensor, tiles: Tiles | No
     out_block = tiles.block_n // 2 if tiles.split_epilogue else tiles.block_n
     out_desc = TensorDescriptor(out, [M, N], [N, 1], [tiles.block_m, out_block])
     if programs is None:  # per_sm programs an SM; those left without a tile end at once
-        programs = tiles.per_sm * _sm_count(x.device.index if x.device.index is not None else torch.cuda.current_device())
+        programs = tiles.per_sm * _sm_count(x.device)
     _product_relu_square_kernel[(programs,)](
         x_desc, w_desc, out_desc, out, M, N, K,
         BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, GROUP_M=tiles.group_m,

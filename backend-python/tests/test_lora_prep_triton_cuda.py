@@ -86,3 +86,24 @@ def test_a_prefill_through_it_matches_one_without(monkeypatch: pytest.MonkeyPatc
     assert rel < 1e-3, f"logits relative difference {rel:.2e} (the same roundings: only the sums' order differs)"
     state_rel = ((got_state.float() - expected_state.float()).norm() / expected_state.float().norm()).item()
     assert state_rel < 1e-3, state_rel
+
+
+def test_the_prefix_cache_captures_through_it_match_those_without() -> None:
+    """forward_saving's states at its cuts, with the fused kernel and without."""
+    from albatross.model import RWKV7
+
+    model = RWKV7.from_state_dict(random_state_dict(CheckpointShape(n_layer=2, n_embd=512), seed=12, device=DEV), DEV, progress=False)
+    prompts = [[(3 * i + 7 * s) % 60000 + 1 for i in range(700)] for s in range(2)]
+    captured = []
+    for enabled in (True, False):
+        lora_prep.set_fused_allowed(enabled)
+        try:
+            _, states = model.forward_saving(model.new_pool(2), [0, 1], prompts, [[256, 512], [256]])
+            captured.append(states)
+        finally:
+            lora_prep.set_fused_allowed(lora_prep.FUSED_BY_DEFAULT)
+    for got_slot, want_slot in zip(*captured):
+        assert len(got_slot) == len(want_slot) > 0
+        for got, want in zip(got_slot, want_slot):
+            rel = ((got.wkv.float() - want.wkv.float()).norm() / want.wkv.float().norm()).item()
+            assert rel < 1e-3, rel
