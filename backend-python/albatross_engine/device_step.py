@@ -36,7 +36,7 @@ from albatross.cuda_graphs import DecodeGraphRunner, forward_decode
 from albatross.dtypes import DTYPES
 from albatross.model import RWKV7
 from albatross.ops import FlatBatch, host_to_device
-from albatross import linear, ops, wkv_dispatch
+from albatross import linear, lora_prep, ops, wkv_dispatch
 from albatross.constraints import MASK_WORDS
 from albatross.wkv_chunked import CHUNK
 from albatross.sampler import MASK32, AllowedTokens, LogitBias, PenaltyPool, SamplingBatch, TopLogprobs, top_logprobs
@@ -117,7 +117,6 @@ class DeviceStep:
     def __init__(self, model: RWKV7, batch_size: int, state_dtype: str = "fp32", cuda_graphs: bool = True) -> None:
         self.model = model
         self.device = model.device
-        self.batch_size = batch_size
         self.vocab_size = model.config.vocab_size
         use_graphs = cuda_graphs and self.device.type == "cuda"
         # Graph replays pad short batches with a scratch slot, which the scheduler never hands out.
@@ -139,7 +138,7 @@ class DeviceStep:
         seconds the first long prompt after start would otherwise wait. Only on a GPU, and only
         where a step may carry a chunk that long (`prefill_budget`; the warm-up's activations stay
         within the memory plan's). A failure leaves the build to the first long prompt."""
-        self._warm_fused_key_product(prefill_budget)
+        self._warm_fused_prefill(prefill_budget)
         length = wkv_dispatch.POLICY.min_tokens + CHUNK
         if self.device.type != "cuda" or prefill_budget < length or not wkv_dispatch.chunked_kernel_available():
             return
@@ -154,21 +153,24 @@ class DeviceStep:
         finally:
             self.reset_slots([0])
 
-    def _warm_fused_key_product(self, prefill_budget: int) -> None:
-        """Build the channel mix's fused key product (linear.mm_relu_square) where a step's rows
-        (its prompt budget and decode rows) may take it, as Triton would at the first call that
-        does: one build serves every row count."""
-        rows = linear.FUSED_RELU_SQUARE_MIN_ROWS
-        if self.device.type != "cuda" or prefill_budget + self.batch_size < rows:
+    def _warm_fused_prefill(self, prefill_budget: int) -> None:
+        """Build the prefill fusions' Triton kernels (`linear.mm_relu_square`, `lora_prep`) where
+        a step's prompt rows may take them: one forward of as many rows as their thresholds ask, on
+        slot 0 before any task holds a slot (block 0 and the others take different builds)."""
+        rows = max(linear.FUSED_RELU_SQUARE_MIN_ROWS, lora_prep.MIN_ROWS)
+        if self.device.type != "cuda" or prefill_budget < rows:
             return
-        weight = self.model.layers[0].ffn_key
+        layer = self.model.layers[0]
         probe = torch.empty(rows, self.model.config.n_embd, dtype=self.model.dtype, device=self.device)
-        if not linear.takes_fused_relu_square(probe, weight):
+        prompt = FlatBatch.build([0], [rows], self.device)
+        if not (linear.takes_fused_relu_square(probe, layer.ffn_key) or lora_prep.applies(probe, prompt, layer.lora_down)):
             return
         try:
-            linear.mm_relu_square(probe.zero_(), weight)
+            self.model.forward(self.pool, [0], [[END_OF_TEXT_TOKEN] * rows])
         except Exception:
-            logger.exception("building the fused key product at load failed; the first long step builds it")
+            logger.exception("building the fused prefill kernels at load failed; the first long step builds them")
+        finally:
+            self.reset_slots([0])
 
     def reset_slots(self, slots: list[int]) -> None:
         """A fresh sequence: zero state and no penalties. The pool's and penalties' own reset build

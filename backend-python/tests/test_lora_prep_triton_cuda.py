@@ -107,3 +107,26 @@ def test_the_prefix_cache_captures_through_it_match_those_without() -> None:
         for got, want in zip(got_slot, want_slot):
             rel = ((got.wkv.float() - want.wkv.float()).norm() / want.wkv.float().norm()).item()
             assert rel < 1e-3, rel
+
+
+def test_the_engine_builds_it_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """DeviceStep.warm_long_prefill runs a prompt long enough for the fused kernel (block 0's
+    build and the others') before any task holds a slot, and leaves slot 0 zero."""
+    from albatross import lora_prep_triton
+    from albatross.model import RWKV7
+    from albatross_engine.device_step import DeviceStep
+
+    model = RWKV7.from_state_dict(random_state_dict(CheckpointShape(n_layer=2, n_embd=512), seed=9, device=DEV), DEV, progress=False)
+    calls: list[int] = []
+    real = lora_prep_triton.lora_prep
+    monkeypatch.setattr(lora_prep_triton, "lora_prep", lambda hidden, *rest, **kw: calls.append(hidden.shape[0]) or real(hidden, *rest, **kw))
+    lora_prep.set_fused_allowed(True)
+    try:
+        step = DeviceStep(model, batch_size=2, state_dtype="fp16", cuda_graphs=False)
+        step.warm_long_prefill(prefill_budget=lora_prep.MIN_ROWS - 1)
+        assert calls == [], calls
+        step.warm_long_prefill(prefill_budget=16384)
+        assert calls == [2, 3], calls  # block 0 stacks two LoRAs, block 1 three
+        assert not step.pool.read(0).wkv.any()
+    finally:
+        lora_prep.set_fused_allowed(lora_prep.FUSED_BY_DEFAULT)

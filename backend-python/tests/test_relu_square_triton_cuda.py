@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from albatross import linear, ops
+from albatross import linear, lora_prep, ops
 from albatross.random_checkpoint import CheckpointShape, random_state_dict
 from albatross.relu_square_triton import CANDIDATES, Tiles
 
@@ -115,9 +115,9 @@ def test_a_prefill_through_it_matches_one_without(monkeypatch: pytest.MonkeyPatc
 
 
 def test_the_engine_builds_it_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
-    """DeviceStep.warm_long_prefill takes the fused product once where a step's rows may (so the
-    first long prompt does not wait for Triton's build), and not where no step can have that many
-    rows (prompt budget plus decode rows)."""
+    """DeviceStep.warm_long_prefill runs a prompt long enough for the fused product before any
+    task holds a slot (so the first long prompt does not wait for Triton's build), and not where
+    the step's prompt budget is too small; slot 0 is zero again afterwards."""
     from albatross.model import RWKV7
     from albatross_engine.device_step import DeviceStep
 
@@ -128,10 +128,11 @@ def test_the_engine_builds_it_at_load(monkeypatch: pytest.MonkeyPatch) -> None:
     linear.set_fused_relu_square(True)
     try:
         step = DeviceStep(model, batch_size=2, state_dtype="fp16", cuda_graphs=False)
-        probe_rows = linear.FUSED_RELU_SQUARE_MIN_ROWS  # the chunked kernels' warm-up prompt is shorter
-        step.warm_long_prefill(prefill_budget=probe_rows - 3)  # with the 2 decode rows, one short
+        probe_rows = max(linear.FUSED_RELU_SQUARE_MIN_ROWS, lora_prep.MIN_ROWS)  # the chunked kernels' warm-up prompt is shorter
+        step.warm_long_prefill(prefill_budget=probe_rows - 1)
         assert probe_rows not in calls, calls
         step.warm_long_prefill(prefill_budget=16384)
-        assert calls.count(probe_rows) == 1, calls
+        assert calls.count(probe_rows) == 2, calls  # one a layer
+        assert not step.pool.read(0).wkv.any()
     finally:
         linear.set_fused_relu_square(linear.FUSED_RELU_SQUARE_BY_DEFAULT)
