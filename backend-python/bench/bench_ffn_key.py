@@ -26,9 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from albatross import ops
 from gpu_json import write_gpu_json  # bench/ is the script's folder
-from kernel_bench import require_kernel, timed_ms  # bench/ is the script's folder
-
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+from kernel_bench import ACTIVATION_DTYPES as DTYPES  # bench/ is the script's folder
+from kernel_bench import fastest, fastest_of_rounds, require_kernel
 
 
 @dataclass(slots=True)
@@ -44,8 +43,7 @@ class Result:
     differ: dict[str, float] = field(default_factory=dict)  # share of elements unlike the unfused path's
 
     def best(self) -> tuple[str, float]:
-        label = min(self.fused_us, key=self.fused_us.__getitem__)
-        return label, self.fused_us[label]
+        return fastest(self.fused_us)
 
 
 def bench(rows: int, width: int, hidden: int, dtype: str, iters: int, rounds: int, error_rows: int) -> Result:
@@ -64,13 +62,7 @@ def bench(rows: int, width: int, hidden: int, dtype: str, iters: int, rounds: in
     }
     for tiles in relu_square_triton.CANDIDATES:
         ways[tiles.label()] = lambda tiles=tiles: relu_square_triton.product_relu_square(x, weight, tiles)
-    best: dict[str, float] = {}
-    for call in ways.values():  # warm-up: Triton compiles each tile shape once
-        call()
-    torch.cuda.synchronize()
-    for _ in range(rounds):
-        for name, call in ways.items():
-            best[name] = min(best.get(name, float("inf")), 1e3 * timed_ms(call, iters))
+    best = fastest_of_rounds(ways, iters, rounds)
 
     # Errors on the first error_rows rows against float64, relative to the largest output.
     head = x[:error_rows]

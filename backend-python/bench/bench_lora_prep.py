@@ -26,9 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from albatross import linear, ops
 from gpu_json import write_gpu_json  # bench/ is the script's folder
-from kernel_bench import require_kernel, timed_ms  # bench/ is the script's folder
-
-DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+from kernel_bench import ACTIVATION_DTYPES as DTYPES  # bench/ is the script's folder
+from kernel_bench import fastest, fastest_of_rounds, require_kernel
 
 
 @dataclass(slots=True)
@@ -42,8 +41,7 @@ class Result:
     differ: dict[str, float] = field(default_factory=dict)  # share of w, -kk, kk*a, k, v elements unlike the unfused path's
 
     def best(self) -> tuple[str, float]:
-        label = min(self.fused_us, key=self.fused_us.__getitem__)
-        return label, self.fused_us[label]
+        return fastest(self.fused_us)
 
 
 def bench(rows: int, width: int, rank: int, dtype: str, iters: int, rounds: int) -> Result:
@@ -71,13 +69,7 @@ def bench(rows: int, width: int, rank: int, dtype: str, iters: int, rounds: int)
     }
     for tiles in lora_prep_triton.CANDIDATES:
         ways[str(tiles)] = lambda tiles=tiles: lora_prep_triton.lora_prep(hidden, up, k, v, v_first, *vectors, tiles=tiles)
-    for call in ways.values():  # warm-up: Triton compiles each tile shape once
-        call()
-    torch.cuda.synchronize()
-    best: dict[str, float] = {}
-    for _ in range(rounds):
-        for name, call in ways.items():
-            best[name] = min(best.get(name, float("inf")), 1e3 * timed_ms(call, iters))
+    best = fastest_of_rounds(ways, iters, rounds)
     result = Result(rows, dtype, best["bmm"], best["prep"], best["unfused"])
     for tiles in lora_prep_triton.CANDIDATES:
         k_a, v_a, k_b, v_b = k.clone(), v.clone(), k.clone(), v.clone()

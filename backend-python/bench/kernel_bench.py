@@ -1,5 +1,5 @@
-"""What the kernel benchmarks share: the check for a CUDA GPU with the kernel library loaded, and
-the CUDA-event timing of repeated eager calls."""
+"""What the kernel benchmarks share: the check for a CUDA GPU with the kernel library loaded, the
+CUDA-event timing of repeated eager calls, and the best of several rounds of ways that take turns."""
 
 from __future__ import annotations
 
@@ -31,6 +31,29 @@ def timed_ms(call: Callable[[], object], iters: int) -> float:
     end.record()
     end.synchronize()
     return start.elapsed_time(end) / iters
+
+
+ACTIVATION_DTYPES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def fastest_of_rounds(ways: dict[str, Callable[[], object]], iters: int, rounds: int) -> dict[str, float]:
+    """Microseconds a call of each way: one untimed call of each first (Triton builds each shape
+    once), then `rounds` turns in which every way runs `iters` calls; each keeps its fastest turn,
+    so a clock drift during the run favours none."""
+    for call in ways.values():
+        call()
+    torch.cuda.synchronize()
+    best: dict[str, float] = {}
+    for _ in range(rounds):
+        for name, call in ways.items():
+            best[name] = min(best.get(name, float("inf")), 1e3 * timed_ms(call, iters))
+    return best
+
+
+def fastest(times: dict[str, float]) -> tuple[str, float]:
+    """The name and time of the fastest entry."""
+    name = min(times, key=times.__getitem__)
+    return name, times[name]
 
 
 def event_ms(call: Callable[[], object], iters: int) -> float:
