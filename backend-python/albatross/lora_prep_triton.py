@@ -71,7 +71,8 @@ def _up(hidden_ptr, up_ptr, m, rows, cols, live_rows, R, stride_hm, stride_hr, s
     return acc.to(DTYPE).to(tl.float32)
 
 
-@triton.jit(do_not_specialize=["rows_total"])
+# The row count and the stack's matrix stride (rows x R) vary by call: one build for all of them.
+@triton.jit(do_not_specialize=["rows_total", "stride_hm"])
 def _lora_prep_kernel(
     hidden_ptr, up_ptr, k_ptr, v_ptr, v_first_ptr, w0_ptr, a0_ptr, v0_ptr, k_k_ptr, k_a_ptr, w_ptr, a_ptr, b_ptr,
     rows_total, R, C, stride_hm, stride_hr, stride_um, stride_ur, stride_k, stride_v, stride_first, stride_out,

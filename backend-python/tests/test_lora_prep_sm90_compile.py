@@ -24,7 +24,7 @@ def test_tensor_core_products_without_spills(tiles: Tiles, dtype: str, has_v: bo
     signature = {**dict.fromkeys(_POINTERS, f"*{dtype}"), **dict.fromkeys(_INTS, "i32"), **dict.fromkeys(("HAS_V", "BLOCK_M", "BLOCK_K"), "constexpr")}
     constants = {"HAS_V": has_v, "BLOCK_M": tiles.block_m, "BLOCK_K": tiles.block_k}
     build = compile_sm90(lora_prep_triton._lora_prep_kernel, signature, constants, num_warps=tiles.warps, num_stages=tiles.stages,
-                         unspecialized=("rows_total",))  # fmt: skip
+                         unspecialized=("rows_total", "stride_hm"))  # fmt: skip
     mma = sum(n for op, n in build.memory_ops.items() if op.startswith("wgmma")) + build.wgmma
     assert mma > 0 or build.memory_ops.get("ldmatrix.sync.aligned.m8n8.x4.shared.b16", 0) > 0, build.memory_ops
     assert build.spill_bytes == 0 and 0 < build.registers <= 255, build
