@@ -33,8 +33,10 @@ import torch
 import triton
 import triton.language as tl
 
-HEAD = 64  # a program's channels: one head, so the kk norm is a sum over its tile's columns
-_HEAD = tl.constexpr(HEAD)  # the same, as the kernels read it
+from albatross.ops import HEAD_SIZE
+
+# A program's channels: one head, so the kk norm is a sum over its tile's columns.
+_HEAD = tl.constexpr(HEAD_SIZE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +45,9 @@ class Tiles:
     block_k: int = 64  # of the rank R, a step of the products
     warps: int = 4
     stages: int = 2
+
+    def label(self) -> str:
+        return f"{self.block_m} rows x{self.block_k} st{self.stages} w{self.warps}"
 
 
 TILES = Tiles()
@@ -137,7 +142,7 @@ def lora_prep(
     if rows == 0:
         return w, a, b
     first = v_first if has_v else k  # not read without the value residual
-    grid = (triton.cdiv(rows, tiles.block_m), C // HEAD)
+    grid = (triton.cdiv(rows, tiles.block_m), C // HEAD_SIZE)
     _lora_prep_kernel[grid](
         hidden, lora_up, k, v, first, w0, a0, v0 if has_v else w0, k_k, k_a, w, a, b,
         rows, R, C, hidden.stride(0), hidden.stride(1), lora_up.stride(0), lora_up.stride(1),

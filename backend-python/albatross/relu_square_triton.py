@@ -27,13 +27,14 @@ under Triton's CPU interpreter against it, tests/test_relu_square_triton_cuda.py
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
+
+from albatross import triton_paths, wkv_dispatch
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,12 +130,7 @@ def _product_relu_square_kernel(
 
 
 def _sm_count(device: torch.device) -> int:
-    return _sm_count_of(device.index if device.index is not None else torch.cuda.current_device())
-
-
-@functools.cache
-def _sm_count_of(index: int) -> int:
-    return torch.cuda.get_device_properties(index).multi_processor_count
+    return wkv_dispatch.multiprocessors(triton_paths.device_index(device))
 
 
 def product_relu_square(x: torch.Tensor, weight: torch.Tensor, tiles: Tiles | None = None, programs: int | None = None) -> torch.Tensor:

@@ -18,7 +18,7 @@ import torch
 
 MAX_ROWS = 4
 _TRITON = importlib.util.find_spec("triton") is not None  # CUDA builds of torch ship it
-_DTYPES = (torch.float16, torch.bfloat16)
+DTYPES = (torch.float16, torch.bfloat16)  # the activations the Triton paths take
 
 
 @dataclass(slots=True)
@@ -35,25 +35,25 @@ class TritonPath:
         self.allowed = allowed
 
     def applies(self, tensor: torch.Tensor, rows: int) -> bool:
-        return self.allowed and _TRITON and tensor.is_cuda and tensor.dtype in _DTYPES and rows <= MAX_ROWS
+        return self.allowed and _TRITON and tensor.is_cuda and tensor.dtype in DTYPES and rows <= MAX_ROWS
 
 
 def launch_dependents(device: torch.device) -> bool:
     if device.type != "cuda" or os.environ.get("ALBATROSS_PDL") == "0":
         return False
-    return _sm90_or_later(device.index if device.index is not None else torch.cuda.current_device())
+    return _capability(device_index(device))[0] >= 9
 
 
 def hopper(device: torch.device) -> bool:
     """A Hopper GPU (sm90) with Triton: where the kernels written for its TMA and wgmma were measured."""
-    return _TRITON and device.type == "cuda" and _capability(device.index if device.index is not None else torch.cuda.current_device())[0] == 9
+    return _TRITON and device.type == "cuda" and _capability(device_index(device))[0] == 9
+
+
+def device_index(device: torch.device) -> int:
+    """A CUDA device's index (`cuda` alone: the current device)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 @functools.cache
 def _capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
-
-
-@functools.cache
-def _sm90_or_later(index: int) -> bool:
-    return torch.cuda.get_device_capability(index)[0] >= 9

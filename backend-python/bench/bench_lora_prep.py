@@ -68,15 +68,15 @@ def bench(rows: int, width: int, rank: int, dtype: str, iters: int, rounds: int)
         "unfused": lambda: unfused(k, v),
     }
     for tiles in lora_prep_triton.CANDIDATES:
-        ways[str(tiles)] = lambda tiles=tiles: lora_prep_triton.lora_prep(hidden, up, k, v, v_first, *vectors, tiles=tiles)
+        ways[tiles.label()] = lambda tiles=tiles: lora_prep_triton.lora_prep(hidden, up, k, v, v_first, *vectors, tiles=tiles)
     best = fastest_of_rounds(ways, iters, rounds)
     result = Result(rows, dtype, best["bmm"], best["prep"], best["unfused"])
     for tiles in lora_prep_triton.CANDIDATES:
         k_a, v_a, k_b, v_b = k.clone(), v.clone(), k.clone(), v.clone()
         want = (*unfused(k_a, v_a), k_a, v_a)
         got = (*lora_prep_triton.lora_prep(hidden, up, k_b, v_b, v_first, *vectors, tiles=tiles), k_b, v_b)
-        result.fused_us[str(tiles)] = best[str(tiles)]
-        result.differ[str(tiles)] = max((g != w).double().mean().item() for g, w in zip(got, want))
+        result.fused_us[tiles.label()] = best[tiles.label()]
+        result.differ[tiles.label()] = max((g != w).double().mean().item() for g, w in zip(got, want))
     return result
 
 

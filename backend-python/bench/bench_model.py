@@ -341,7 +341,7 @@ def main(argv: list[str] | None = None) -> None:
         from albatross import lora_prep_triton
 
         lora_prep_triton.TILES = lora_prep_triton.CANDIDATES[args.lora_prep_tiles]
-        prep_tiles_label = str(lora_prep_triton.TILES)
+        prep_tiles_label = lora_prep_triton.TILES.label()
     build = time.perf_counter()
     model = RWKV7.from_state_dict(random_state_dict(shape, seed=0, device="cuda", dtype=torch.float16), "cuda", torch.float16, progress=False, weights=args.weights)
     print(f"built {args.shape} (layers {shape.n_layer}, width {shape.n_embd}, {args.weights} weights) in {time.perf_counter() - build:.1f}s", flush=True)

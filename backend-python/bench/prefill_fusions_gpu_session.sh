@@ -26,7 +26,7 @@ timeout 240 python3 bench/bench_ffn_key.py --rows "$rows" --json "$OUT/ffn_key.j
 echo "== bench_lora_prep.py" | tee -a "$log"
 timeout 180 python3 bench/bench_lora_prep.py --rows "$rows" --json "$OUT/lora_prep.json" 2>&1 | grep -v "^{" | tee -a "$log"
 
-best() {  # $1: the benchmark's JSON, $2: the module whose CANDIDATES it timed, $3: how a shape is named
+best() {  # $1: the benchmark's JSON, $2: the module whose CANDIDATES it timed
   python3 -c "
 import json, sys
 sys.path.insert(0, '.')
@@ -34,12 +34,12 @@ from albatross.$2 import CANDIDATES
 rows = json.load(open('$1'))['results']
 big = max(rows, key=lambda r: r['rows'])
 label = min(big['fused_us'], key=big['fused_us'].get)
-print([$3 for t in CANDIDATES].index(label))" 2>>"$log" || echo 0
+print([t.label() for t in CANDIDATES].index(label))" 2>>"$log" || echo 0
 }
 
 if [ "${MODEL:-1}" = 1 ]; then
-  relu_tiles=$(best "$OUT/ffn_key.json" relu_square_triton "t.label()")
-  prep_tiles=$(best "$OUT/lora_prep.json" lora_prep_triton "str(t)")
+  relu_tiles=$(best "$OUT/ffn_key.json" relu_square_triton)
+  prep_tiles=$(best "$OUT/lora_prep.json" lora_prep_triton)
   echo "== 7.2B prefill: relu^2 fused at CANDIDATES[$relu_tiles], LoRA + prep fused at CANDIDATES[$prep_tiles]" | tee -a "$log"
   for round in 1 2; do
     timeout 200 python3 bench/bench_model.py --batches 64 --graph-batches= --fp16-graph-batches= --steps 3 --skip-accuracy \

@@ -58,7 +58,7 @@ def test_matches_the_bmm_and_wkv_prep(rows: int, C: int, n: int, R: int, dtype: 
     _check(_operands(rows, C, n, R, dtype, seed=rows + n))
 
 
-@pytest.mark.parametrize("tiles", CANDIDATES, ids=str)
+@pytest.mark.parametrize("tiles", CANDIDATES, ids=Tiles.label)
 def test_every_tile_shape_the_benchmark_times(tiles: Tiles) -> None:
     _check(_operands(1500, 1024, 3, 128, torch.float16, seed=CANDIDATES.index(tiles)), tiles)
 
